@@ -1,0 +1,40 @@
+"""The ``streampack`` command.
+
+Each subcommand lives in its own module, which provides ``configure(parser)`` to add
+its arguments and ``main(args) -> int`` to run. The table below is the one place that
+names them; modules are imported only when their subcommand is built or run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (name, module, one-line help). Add a subcommand by adding a row.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("trace", "streampack.trace", "print the JSON trace of the worked example"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streampack",
+        description="Streaming sequence packing with block-causal ranges.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module_name, help_text in COMMANDS:
+        module = importlib.import_module(module_name)
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        module.configure(sub)
+        sub.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._module.main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
