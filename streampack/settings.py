@@ -1,0 +1,259 @@
+"""Service settings: one frozen, keyword-only dataclass per process role.
+
+Every setting has a default that works on one machine, is checked once in
+``__post_init__`` (the message names the field, its value and what is accepted), and
+can come from three places, last one wins::
+
+    defaults  <  TOML file (``--config``, one table per role)  <  command-line flags
+
+The TOML file has one optional table per role; unknown keys are an error so that a
+typo never silently falls back to a default::
+
+    [producer]
+    corpus = "fixtures/corpus"
+    capacity = 256
+    epochs = 2
+
+    [worker]
+    audit_every = 0
+
+    [consumer]
+    prefetch = 4
+
+``docs/service.md`` lists every setting with its default; ``FIELD_HELP`` below is the
+single source of those descriptions (the CLI flags reuse it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from streampack.errors import InvalidConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+_MIB = 1 << 20
+
+TAIL_MODES = ("fill", "drop")
+_ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+def _check_endpoint(field: str, value: str) -> None:
+    if not isinstance(value, str) or not value.startswith(_ENDPOINT_SCHEMES):
+        raise InvalidConfig(
+            f"{field} = {value!r} is not a ZeroMQ endpoint; "
+            f"expected tcp://HOST:PORT, ipc://PATH or inproc://NAME"
+        )
+
+
+def _check_int(field: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidConfig(f"{field} = {value!r} must be an integer >= {minimum}")
+
+
+def _check_float(field: str, value: Any, *, minimum: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > minimum:
+        raise InvalidConfig(f"{field} = {value!r} must be a number > {minimum}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProducerSettings:
+    """What the producer reads, how it cuts and packs, and how much it may hold."""
+
+    corpus: str | None = None
+    worker_endpoint: str = "tcp://127.0.0.1:5555"
+    consumer_endpoint: str = "tcp://127.0.0.1:5556"
+    capacity: int = 2048
+    max_rows_per_batch: int = 8
+    max_cells: int | None = None
+    max_metadata_bytes: int = 256 * _MIB
+    window_documents: int = 1024
+    window_tokens: int = 1 << 20
+    epochs: int = 1
+    shuffle: bool = False
+    seed: int = 0
+    shuffle_buffer: int = 4096
+    tail: str = "fill"
+    window_budget_bytes: int = 64 * _MIB
+    reorder_budget_bytes: int = 256 * _MIB
+    max_message_bytes: int = 256 * _MIB
+    heartbeat_timeout: float = 5.0
+    quarantine_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.corpus is not None and not isinstance(self.corpus, str):
+            raise InvalidConfig(f"corpus = {self.corpus!r} must be a path string")
+        _check_endpoint("worker_endpoint", self.worker_endpoint)
+        _check_endpoint("consumer_endpoint", self.consumer_endpoint)
+        _check_int("capacity", self.capacity, minimum=1)
+        _check_int("max_rows_per_batch", self.max_rows_per_batch, minimum=1)
+        if self.max_cells is not None:
+            _check_int("max_cells", self.max_cells, minimum=self.capacity)
+        _check_int("max_metadata_bytes", self.max_metadata_bytes, minimum=1)
+        _check_int("window_documents", self.window_documents, minimum=1)
+        _check_int("window_tokens", self.window_tokens, minimum=self.capacity + 1)
+        _check_int("epochs", self.epochs, minimum=0)
+        if not isinstance(self.shuffle, bool):
+            raise InvalidConfig(f"shuffle = {self.shuffle!r} must be true or false")
+        _check_int("seed", self.seed, minimum=0)
+        _check_int("shuffle_buffer", self.shuffle_buffer, minimum=1)
+        if self.tail not in TAIL_MODES:
+            raise InvalidConfig(f"tail = {self.tail!r}; expected one of {TAIL_MODES}")
+        _check_int("window_budget_bytes", self.window_budget_bytes, minimum=1)
+        _check_int("reorder_budget_bytes", self.reorder_budget_bytes, minimum=1)
+        _check_int("max_message_bytes", self.max_message_bytes, minimum=4096)
+        _check_float("heartbeat_timeout", self.heartbeat_timeout, minimum=0.0)
+        if self.quarantine_path is not None and not isinstance(self.quarantine_path, str):
+            raise InvalidConfig(f"quarantine_path = {self.quarantine_path!r} must be a path")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerSettings:
+    """How a pack worker reaches its producer and how often it audits."""
+
+    connect: str = "tcp://127.0.0.1:5555"
+    prefetch: int = 2
+    heartbeat_interval: float = 0.5
+    audit_every: int = 0
+    max_message_bytes: int = 256 * _MIB
+
+    def __post_init__(self) -> None:
+        _check_endpoint("connect", self.connect)
+        _check_int("prefetch", self.prefetch, minimum=1)
+        _check_float("heartbeat_interval", self.heartbeat_interval, minimum=0.0)
+        _check_int("audit_every", self.audit_every, minimum=0)
+        _check_int("max_message_bytes", self.max_message_bytes, minimum=4096)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConsumerSettings:
+    """How a trainer-side client fetches batches."""
+
+    connect: str = "tcp://127.0.0.1:5556"
+    prefetch: int = 4
+    prefetch_bytes: int = 256 * _MIB
+    timeout: float = 60.0
+    max_message_bytes: int = 256 * _MIB
+
+    def __post_init__(self) -> None:
+        _check_endpoint("connect", self.connect)
+        _check_int("prefetch", self.prefetch, minimum=1)
+        _check_int("prefetch_bytes", self.prefetch_bytes, minimum=1)
+        _check_float("timeout", self.timeout, minimum=0.0)
+        _check_int("max_message_bytes", self.max_message_bytes, minimum=4096)
+
+
+FIELD_HELP: dict[str, str] = {
+    "corpus": "corpus manifest (JSON) or a directory holding manifest.json",
+    "worker_endpoint": "where the producer binds for pack workers (use tcp://0.0.0.0:PORT "
+    "to accept remote workers)",
+    "consumer_endpoint": "where the producer binds for consumers and health checks",
+    "capacity": "prediction pairs per row",
+    "max_rows_per_batch": "rows per batch (the last batch of a window may have fewer)",
+    "max_cells": "upper bound on rows*capacity per batch (default: no bound)",
+    "max_metadata_bytes": "bytes one pack call may hold (rule C8)",
+    "window_documents": "at most this many documents per window",
+    "window_tokens": "at most this many tokens per window (must exceed capacity)",
+    "epochs": "passes over the corpus; 0 means unbounded",
+    "shuffle": "shuffle documents per epoch with a permutation of (seed, epoch)",
+    "seed": "shuffle seed",
+    "shuffle_buffer": "documents held by the bounded shuffle of sources without random access",
+    "tail": "epoch tail: 'fill' pads every rank to the same count with all-padding "
+    "batches flagged filler; 'drop' drops the remainder",
+    "window_budget_bytes": "bytes of windows handed to workers and not yet complete",
+    "reorder_budget_bytes": "bytes of packed batches held for ordering and delivery",
+    "max_message_bytes": "largest message frame accepted (zmq.MAXMSGSIZE)",
+    "heartbeat_timeout": "seconds of silence after which a worker's windows are reissued",
+    "quarantine_path": "JSON Lines file receiving each quarantined document with its reason",
+    "connect": "producer endpoint to connect to",
+    "prefetch": "windows (worker) or batches (consumer) requested ahead",
+    "heartbeat_interval": "seconds between worker heartbeats",
+    "audit_every": "audit every N-th packed batch with streampack.audit (0: never)",
+    "prefetch_bytes": "bytes of batches a consumer holds ahead",
+    "timeout": "seconds a consumer waits for a batch before raising",
+}
+
+S = TypeVar("S")
+
+_SECTIONS = {ProducerSettings: "producer", WorkerSettings: "worker", ConsumerSettings: "consumer"}
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a settings file; a syntax error becomes :class:`InvalidConfig` naming the file."""
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise InvalidConfig(f"cannot read settings file {str(path)!r}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidConfig(f"settings file {str(path)!r} is not valid TOML: {exc}") from exc
+
+
+def build(
+    cls: type[S], toml: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None
+) -> S:
+    """Build settings of ``cls`` from a parsed TOML document and explicit overrides.
+
+    ``overrides`` entries whose value is ``None`` are ignored: they are flags the user
+    did not give.
+    """
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    section = _SECTIONS[cls]  # type: ignore[index]
+    if toml:
+        unknown_tables = set(toml) - set(_SECTIONS.values())
+        if unknown_tables:
+            raise InvalidConfig(
+                f"unknown settings table(s) {sorted(unknown_tables)}; "
+                f"expected {sorted(_SECTIONS.values())}"
+            )
+        table = toml.get(section, {})
+        if not isinstance(table, Mapping):
+            raise InvalidConfig(f"[{section}] must be a table, got {table!r}")
+        unknown = set(table) - names
+        if unknown:
+            raise InvalidConfig(
+                f"unknown [{section}] setting(s) {sorted(unknown)}; accepted: {sorted(names)}"
+            )
+        values.update(table)
+    for key, value in (overrides or {}).items():
+        if value is not None and key in names:
+            values[key] = value
+    return cls(**values)
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+    """Add one ``--flag`` per setting of ``cls``; the default is None (= not given)."""
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        default = field.default
+        help_text = f"{FIELD_HELP.get(field.name, '')} (default: {default})"
+        if field.type in ("bool", bool):
+            parser.add_argument(
+                flag, dest=field.name, default=None, action=argparse.BooleanOptionalAction,
+                help=help_text,
+            )
+            continue
+        kind: Any = str
+        if field.type in ("int", "int | None", int):
+            kind = int
+        elif field.type in ("float", float):
+            kind = float
+        parser.add_argument(flag, dest=field.name, type=kind, default=None, help=help_text)
+
+
+def from_args(cls: type[S], args: argparse.Namespace) -> S:
+    """Settings from ``--config`` (when given) overridden by the flags that were given."""
+    toml = load_toml(args.config) if getattr(args, "config", None) else None
+    overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return build(cls, toml, overrides)
