@@ -51,3 +51,7 @@ class ProtocolError(StreampackError, ValueError):
 
 class InternalError(StreampackError, RuntimeError):
     """A streampack invariant broke. This is a bug in streampack; please report it."""
+
+
+class InvalidCoordinate(StreampackError, IndexError):
+    """A (row, query, key) coordinate lies outside the batch it addresses."""

@@ -1,0 +1,250 @@
+"""PackedBatch: one bounded model call of packed rows, and everything derived from it.
+
+The worked example (capacity 6; A=[0,99,100,1], B=[0,101,1], C=[0,102,103,104,1]) as
+one batch of two rows::
+
+    column       0    1    2    3    4    5   |   0    1    2    3    4    5
+    inputs       0   99  100    0  101   -1   |   0  102  103  104   -1   -1
+    targets     99  100    1  101    1   -1   | 102  103  104    1   -1   -1
+    segments     0    0    0    1    1   -1   |   2    2    2    2   -1   -1
+    positions    0    1    2    0    1    0   |   0    1    2    3    0    0
+    seg. start   0    0    0    3    3   -1   |   0    0    0    0   -1   -1
+    valid_lengths  5                          |   4
+
+Query ``q`` of row ``r`` may use keys ``[segment_starts[r, q], q + 1)`` when
+``q < valid_lengths[r]`` and none otherwise (rule C6): B's queries at columns 3 and 4
+see ``[3, 4)`` and ``[3, 5)``, never A's columns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .errors import BindingMismatch, InvalidCoordinate, StreampackError
+from .examples import Binding
+
+PAD_CELL = -1
+NO_SEGMENT = -1
+
+#: One record per occurrence. ``start``/``stop`` are storage columns in ``row``;
+#: ``range_start``/``range_stop`` the selected range inside document ``doc``.
+OCCURRENCE_DTYPE = np.dtype(
+    [
+        ("ordinal", np.int64),
+        ("row", np.int32),
+        ("start", np.int32),
+        ("stop", np.int32),
+        ("segment", np.int32),
+        ("source_id", np.int64),
+        ("example_id", np.int64),
+        ("range_start", np.int64),
+        ("range_stop", np.int64),
+        ("doc", np.int64),
+    ]
+)
+
+#: Array fields of a batch, in wire and digest order, with their dtypes.
+ARRAY_DTYPES: dict[str, np.dtype] = {
+    "inputs": np.dtype(np.int32),
+    "targets": np.dtype(np.int32),
+    "segments": np.dtype(np.int32),
+    "positions": np.dtype(np.int32),
+    "input_valid": np.dtype(np.bool_),
+    "target_valid": np.dtype(np.bool_),
+    "loss_mask": np.dtype(np.bool_),
+    "segment_starts": np.dtype(np.int32),
+    "valid_lengths": np.dtype(np.int32),
+}
+
+#: The [rows, capacity] fields (all but valid_lengths).
+CELL_DTYPES = {name: d for name, d in ARRAY_DTYPES.items() if name != "valid_lengths"}
+
+#: What ``digest()`` hashes, in this order.
+DIGEST_FIELDS = ("inputs", "targets", "segments", "positions", "loss_mask")
+
+#: Bytes one cell costs across the [rows, capacity] arrays, and one row for valid_lengths.
+BYTES_PER_CELL = sum(d.itemsize for d in CELL_DTYPES.values())
+BYTES_PER_ROW = ARRAY_DTYPES["valid_lengths"].itemsize
+
+
+class CuSeqlens(NamedTuple):
+    """Varlen (THD) description of a batch flattened to ``rows * capacity`` cells.
+
+    Occurrence ``i`` holds real cells ``[cu_seqlens_padded[i], cu_seqlens_padded[i] +
+    lengths[i])``; the padding after it, up to ``cu_seqlens_padded[i + 1]``, is a gap.
+    ``cu_seqlens`` is the running sum of real lengths, for kernels that take unpadded
+    (gathered) tokens.
+    """
+
+    cu_seqlens: np.ndarray
+    cu_seqlens_padded: np.ndarray
+    max_seqlen: int
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PackedBatch:
+    """Packed rows of one model call; built by ``pack_examples``, never edited after."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    segments: np.ndarray
+    positions: np.ndarray
+    input_valid: np.ndarray
+    target_valid: np.ndarray
+    loss_mask: np.ndarray
+    segment_starts: np.ndarray
+    valid_lengths: np.ndarray
+    occurrences: np.ndarray
+    binding: Binding
+    filler: bool = False
+
+    ARRAY_FIELDS = tuple(ARRAY_DTYPES)
+
+    @property
+    def rows(self) -> int:
+        return int(self.inputs.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.inputs.shape[1])
+
+    @classmethod
+    def filler_like(cls, binding: Binding, rows: int, capacity: int) -> PackedBatch:
+        """An all-padding batch (no occurrences, no targets), flagged ``filler``."""
+        shape = (rows, capacity)
+        return cls(
+            inputs=np.full(shape, PAD_CELL, np.int32),
+            targets=np.full(shape, PAD_CELL, np.int32),
+            segments=np.full(shape, NO_SEGMENT, np.int32),
+            positions=np.zeros(shape, np.int32),
+            input_valid=np.zeros(shape, np.bool_),
+            target_valid=np.zeros(shape, np.bool_),
+            loss_mask=np.zeros(shape, np.bool_),
+            segment_starts=np.full(shape, -1, np.int32),
+            valid_lengths=np.zeros(rows, np.int32),
+            occurrences=np.zeros(0, OCCURRENCE_DTYPE),
+            binding=binding,
+            filler=True,
+        )
+
+    # -- permission (rule C6) -------------------------------------------------------
+
+    def _check_cell(self, row: int, *columns: int) -> None:
+        if not 0 <= row < self.rows:
+            raise InvalidCoordinate(f"row={row} is outside this batch; accepted: 0..{self.rows - 1}")
+        for name, column in zip(("query", "key"), columns):
+            if not 0 <= column < self.capacity:
+                raise InvalidCoordinate(
+                    f"{name}={column} is outside the row; accepted: 0..{self.capacity - 1}"
+                )
+
+    def allowed_key(self, row: int, query: int, key: int) -> bool:
+        """The full rule: both valid, same segment, key's local position not later."""
+        self._check_cell(row, query, key)
+        return bool(
+            self.input_valid[row, query]
+            and self.input_valid[row, key]
+            and self.segments[row, query] == self.segments[row, key]
+            and self.positions[row, key] <= self.positions[row, query]
+        )
+
+    def key_range(self, row: int, query: int) -> tuple[int, int]:
+        """Half-open keys ``query`` may use; ``(0, 0)`` for an inactive query."""
+        self._check_cell(row, query)
+        if query >= self.valid_lengths[row]:
+            return (0, 0)
+        return (int(self.segment_starts[row, query]), query + 1)
+
+    def permission(self, row: int) -> np.ndarray:
+        """Dense ``[capacity, capacity]`` permission of one row. For display and tests."""
+        self._check_cell(row)
+        valid = self.input_valid[row]
+        same_segment = self.segments[row][:, None] == self.segments[row][None, :]
+        causal = self.positions[row][None, :] <= self.positions[row][:, None]
+        return valid[:, None] & valid[None, :] & same_segment & causal
+
+    # -- layouts and accounting -----------------------------------------------------
+
+    def cu_seqlens(self) -> CuSeqlens:
+        occ = self.occurrences
+        lengths = (occ["stop"] - occ["start"]).astype(np.int64)
+        cu = np.zeros(occ.shape[0] + 1, np.int64)
+        np.cumsum(lengths, out=cu[1:])
+        padded = np.empty(occ.shape[0] + 1, np.int64)
+        padded[:-1] = occ["row"].astype(np.int64) * self.capacity + occ["start"]
+        padded[-1] = self.rows * self.capacity
+        cells = self.rows * self.capacity
+        if cells > np.iinfo(np.int32).max:
+            raise StreampackError(
+                f"batch of {cells} cells does not fit int32 cu_seqlens; accepted: <= 2**31-1 cells"
+            )
+        max_seqlen = int(lengths.max()) if lengths.size else 0
+        return CuSeqlens(cu.astype(np.int32), padded.astype(np.int32), max_seqlen)
+
+    def stats(self) -> dict[str, Any]:
+        occ = self.occurrences
+        lengths = (occ["stop"] - occ["start"]).astype(np.int64)
+        cells = self.rows * self.capacity
+        real_targets = int(np.count_nonzero(self.loss_mask))
+        dense = self.rows * self.capacity**2
+        edges = int((lengths * (lengths + 1) // 2).sum())
+        return {
+            "rows": self.rows,
+            "capacity": self.capacity,
+            "cells": cells,
+            "real_targets": real_targets,
+            "padding_cells": cells - int(self.valid_lengths.sum()),
+            "padding_fraction": (1.0 - float(self.valid_lengths.sum()) / cells) if cells else 0.0,
+            "occurrences": int(occ.shape[0]),
+            "dense_score_positions": dense,
+            "permitted_edges": edges,
+            "valid_density": edges / dense if dense else 0.0,
+        }
+
+    # -- identity ---------------------------------------------------------------------
+
+    def check_binding(self, expected: Binding) -> None:
+        """Raise ``BindingMismatch`` unless this batch carries ``expected`` (rule C9)."""
+        if self.binding == expected:
+            return
+        differences = [
+            f"{name}: batch has {getattr(self.binding, name)!r}, expected "
+            f"{getattr(expected, name)!r}"
+            for name in ("vocab_size", "tokenizer", "split_receipt", "partition")
+            if getattr(self.binding, name) != getattr(expected, name)
+        ]
+        raise BindingMismatch("batch binding differs: " + "; ".join(differences))
+
+    def digest(self) -> str:
+        """SHA-256 hex over inputs, targets, segments, positions, loss_mask bytes, in order.
+
+        Arrays are hashed as C-ordered little-endian bytes, so equal batches give equal
+        digests on every machine.
+        """
+        h = hashlib.sha256()
+        for name in DIGEST_FIELDS:
+            array = getattr(self, name)
+            h.update(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).data)
+        return h.hexdigest()
+
+    def to_torch(self, device: Any = None, pin_memory: bool = False) -> dict[str, Any]:
+        """The array fields as PyTorch tensors (zero-copy on CPU). Needs the torch extra."""
+        try:
+            import torch
+        except ImportError as error:  # pragma: no cover - depends on the environment
+            raise StreampackError(
+                "to_torch needs PyTorch; install it with: pip install 'streampack[torch]'"
+            ) from error
+        tensors = {}
+        for name in self.ARRAY_FIELDS:
+            tensor = torch.from_numpy(np.ascontiguousarray(getattr(self, name)))
+            if pin_memory:
+                tensor = tensor.pin_memory()
+            if device is not None:
+                tensor = tensor.to(device, non_blocking=pin_memory)
+            tensors[name] = tensor
+        return tensors

@@ -1,0 +1,253 @@
+"""Bindings and columnar examples.
+
+An *example* is a selected range ``[start, stop)`` of one document (rule C1). Examples
+are held column by column, so a million of them cost a handful of arrays, not a million
+Python objects::
+
+    tokens   [0 99 100 1 | 0 101 1 | 0 102 103 104 1]    every document, concatenated
+    offsets  [0, 4, 7, 12]                                 document d is tokens[offsets[d]:offsets[d+1]]
+    doc      [0, 1, 2]        start [0, 0, 0]   stop [4, 3, 5]
+    source_id, example_id     caller's identities, carried to every occurrence
+
+Several examples may select the same document, even the same range (rule C3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InvalidConfig, InvalidExample
+
+PARTITIONS = ("train", "validation", "test")
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, kw_only=False)
+class Binding:
+    """What a batch's token IDs mean (rule C9); every batch carries one."""
+
+    vocab_size: int
+    tokenizer: str
+    split_receipt: str
+    partition: str
+
+    def __post_init__(self) -> None:
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int):
+            raise InvalidConfig(f"vocab_size must be an integer, got {self.vocab_size!r}")
+        if not 1 <= self.vocab_size <= _INT32_MAX + 1:
+            raise InvalidConfig(
+                f"vocab_size={self.vocab_size} is out of range; accepted: 1..{_INT32_MAX + 1} "
+                "(token IDs are stored as int32)"
+            )
+        for name in ("tokenizer", "split_receipt"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise InvalidConfig(f"{name} must be a non-empty string, got {value!r}")
+        if self.partition not in PARTITIONS:
+            raise InvalidConfig(
+                f"partition={self.partition!r} is not accepted; accepted: {', '.join(PARTITIONS)}"
+            )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "vocab_size": self.vocab_size,
+            "tokenizer": self.tokenizer,
+            "split_receipt": self.split_receipt,
+            "partition": self.partition,
+        }
+
+
+def _integer_column(name: str, values: object, dtype: type) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise InvalidExample(f"{name} must be one-dimensional, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise InvalidExample(f"{name} must hold integers, got dtype {array.dtype}")
+    if array.size and array.dtype != dtype:
+        info = np.iinfo(dtype)
+        low, high = int(array.min()), int(array.max())
+        if low < info.min or high > info.max:
+            raise InvalidExample(
+                f"{name} holds {low if low < info.min else high}, outside {np.dtype(dtype)} "
+                f"range [{info.min}, {info.max}]"
+            )
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class Examples:
+    """Columnar examples over a shared token buffer. Checked once, at construction.
+
+    ``tokens`` may be any integer dtype whose values fit int32 (uint16 shards, say); it
+    is stored as int32. Vocabulary membership is checked by ``pack_examples``, which
+    knows the binding.
+    """
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    doc: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+    source_id: np.ndarray = field(default=None)  # type: ignore[assignment]
+    example_id: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        put(self, "tokens", _integer_column("tokens", self.tokens, np.int32))
+        put(self, "offsets", _integer_column("offsets", self.offsets, np.int64))
+        for name in ("doc", "start", "stop"):
+            put(self, name, _integer_column(name, getattr(self, name), np.int64))
+        count = self.doc.shape[0]
+        for name in ("source_id", "example_id"):
+            values = getattr(self, name)
+            put(self, name, np.arange(count, dtype=np.int64) if values is None
+                else _integer_column(name, values, np.int64))
+        for name in ("start", "stop", "source_id", "example_id"):
+            if getattr(self, name).shape[0] != count:
+                raise InvalidExample(
+                    f"{name} has {getattr(self, name).shape[0]} entries but doc has {count}; "
+                    "every per-example column needs one entry per example"
+                )
+        self._check_offsets()
+        self._check_ranges()
+
+    def _check_offsets(self) -> None:
+        offsets = self.offsets
+        if offsets.shape[0] < 1 or offsets[0] != 0:
+            raise InvalidExample(
+                f"offsets must start with 0 and have documents+1 entries, got {offsets[:3]!r}..."
+            )
+        if offsets[-1] != self.tokens.shape[0]:
+            raise InvalidExample(
+                f"offsets end at {int(offsets[-1])} but tokens has {self.tokens.shape[0]} entries; "
+                "the last offset must equal len(tokens)"
+            )
+        falling = np.flatnonzero(np.diff(offsets) < 0)
+        if falling.size:
+            d = int(falling[0])
+            raise InvalidExample(
+                f"offsets decrease at document {d}: {int(offsets[d])} -> {int(offsets[d + 1])}; "
+                "offsets must be non-decreasing"
+            )
+
+    def _check_ranges(self) -> None:
+        documents = self.offsets.shape[0] - 1
+        bad_doc = (self.doc < 0) | (self.doc >= documents)
+        if bad_doc.any():
+            i = int(np.flatnonzero(bad_doc)[0])
+            raise InvalidExample(
+                f"{self.describe(i)}: doc={int(self.doc[i])} does not exist; "
+                f"accepted: 0..{documents - 1}"
+            )
+        doc_length = self.offsets[self.doc + 1] - self.offsets[self.doc]
+        bad_range = (self.start < 0) | (self.stop > doc_length) | (self.start > self.stop)
+        if bad_range.any():
+            i = int(np.flatnonzero(bad_range)[0])
+            raise InvalidExample(
+                f"{self.describe(i)}: range [{int(self.start[i])}, {int(self.stop[i])}) lies "
+                f"outside its document of {int(doc_length[i])} tokens; "
+                f"accepted: 0 <= start <= stop <= {int(doc_length[i])}"
+            )
+        short = (self.stop - self.start) < 2
+        if short.any():
+            i = int(np.flatnonzero(short)[0])
+            raise InvalidExample(
+                f"{self.describe(i)}: range [{int(self.start[i])}, {int(self.stop[i])}) has "
+                f"{int(self.stop[i] - self.start[i])} token(s); an example needs at least 2 "
+                "tokens to form one input-target pair"
+            )
+
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Sequence[Sequence[int] | np.ndarray],
+        *,
+        ranges: Sequence[tuple[int, int]] | None = None,
+        source_ids: Sequence[int] | None = None,
+        example_ids: Sequence[int] | None = None,
+    ) -> Examples:
+        """One example per document: the whole document, or ``ranges[i] = (start, stop)``.
+
+        To use one document several times, list it several times, or build the columns
+        directly with ``Examples(tokens=..., offsets=..., doc=..., ...)``.
+        """
+        arrays = []
+        for d, document in enumerate(documents):
+            array = np.asarray(document)
+            if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+                raise InvalidExample(
+                    f"document {d} must be a 1-D sequence of integers, got "
+                    f"shape {array.shape} dtype {array.dtype}"
+                )
+            arrays.append(array.astype(np.int64, copy=False))
+        lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+        if ranges is None:
+            start, stop = np.zeros_like(lengths), lengths
+        else:
+            if len(ranges) != len(arrays):
+                raise InvalidExample(
+                    f"ranges has {len(ranges)} entries for {len(arrays)} documents; "
+                    "give one (start, stop) per document"
+                )
+            pairs = np.asarray(ranges, dtype=np.int64).reshape(len(arrays), 2)
+            start, stop = pairs[:, 0], pairs[:, 1]
+        return cls(
+            tokens=tokens,
+            offsets=offsets,
+            doc=np.arange(len(arrays), dtype=np.int64),
+            start=start,
+            stop=stop,
+            source_id=source_ids,
+            example_id=example_ids,
+        )
+
+    def __len__(self) -> int:
+        return int(self.doc.shape[0])
+
+    @property
+    def prediction_lengths(self) -> np.ndarray:
+        """Pairs per example: ``stop - start - 1`` (rule C1)."""
+        return self.stop - self.start - 1
+
+    def example_tokens(self, i: int) -> np.ndarray:
+        """The selected tokens of example ``i`` (a view into ``tokens``)."""
+        base = int(self.offsets[self.doc[i]])
+        return self.tokens[base + int(self.start[i]) : base + int(self.stop[i])]
+
+    def describe(self, i: int) -> str:
+        """How error messages name example ``i``."""
+        return (
+            f"example {i} (source_id {int(self.source_id[i])}, "
+            f"example_id {int(self.example_id[i])})"
+        )
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Every token of every selected range must lie in ``[0, vocab_size)``.
+
+        The fast path reads the buffer twice (min, max) and allocates nothing; only a
+        failure pays for finding which example holds the offending token.
+        """
+        if self.tokens.size == 0:
+            return
+        low, high = int(self.tokens.min()), int(self.tokens.max())
+        if low >= 0 and high < vocab_size:
+            return
+        bad = np.flatnonzero((self.tokens < 0) | (self.tokens >= vocab_size))
+        doc_of_bad = np.searchsorted(self.offsets, bad, side="right") - 1
+        local = bad - self.offsets[doc_of_bad]
+        for position, d, at in zip(bad, doc_of_bad, local):
+            users = np.flatnonzero((self.doc == d) & (self.start <= at) & (at < self.stop))
+            if users.size:
+                i = int(users[0])
+                raise InvalidExample(
+                    f"{self.describe(i)}: token {int(self.tokens[position])} at position "
+                    f"{int(at)} of document {int(d)} is outside the vocabulary; "
+                    f"accepted: 0..{vocab_size - 1}"
+                )
+        # Out-of-vocabulary tokens outside every selected range are never read.

@@ -1,0 +1,1 @@
+"""Numba kernels: pure functions over arrays. Validation lives in their Python callers."""

@@ -1,0 +1,72 @@
+"""Compiled next-fit packing: a sequential planner and a parallel row filler.
+
+Pure functions over arrays; the caller (``streampack.packing``) validates every input
+and allocates every output, so nothing here can fail on user data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(cache=True)
+def plan_next_fit(lengths, capacity, row_of, column_of):  # pragma: no cover - compiled
+    """Place example ``i`` (``lengths[i]`` cells) at ``(row_of[i], column_of[i])``.
+
+    Next-fit in supplied order: an example that does not fit in what is left of the
+    current row starts the next row. Returns the number of rows used.
+    """
+    row = 0
+    used = 0
+    for i in range(lengths.shape[0]):
+        length = lengths[i]
+        if length > capacity - used:
+            row += 1
+            used = 0
+        row_of[i] = row
+        column_of[i] = used
+        used += length
+    return row + 1 if lengths.shape[0] > 0 else 0
+
+
+@njit(parallel=True, cache=True)
+def fill_rows(
+    tokens, offsets, doc, start, stop, row_first,
+    inputs, targets, segments, positions,
+    input_valid, target_valid, loss_mask, segment_starts, valid_lengths,
+):  # pragma: no cover - compiled
+    """Write every cell of every row once: the occurrences in order, then padding.
+
+    Row ``r`` holds examples ``row_first[r] .. row_first[r+1]-1``. Rows are independent,
+    so threads split them with no shared writes.
+    """
+    capacity = inputs.shape[1]
+    for r in prange(row_first.shape[0] - 1):
+        column = 0
+        for i in range(row_first[r], row_first[r + 1]):
+            base = offsets[doc[i]] + start[i]
+            length = stop[i] - start[i] - 1
+            segment_start = column
+            for j in range(length):
+                c = column + j
+                inputs[r, c] = tokens[base + j]
+                targets[r, c] = tokens[base + j + 1]
+                segments[r, c] = i
+                positions[r, c] = j
+                input_valid[r, c] = True
+                target_valid[r, c] = True
+                loss_mask[r, c] = True
+                segment_starts[r, c] = segment_start
+            column += length
+        valid_lengths[r] = column
+        for c in range(column, capacity):
+            inputs[r, c] = -1
+            targets[r, c] = -1
+            segments[r, c] = -1
+            positions[r, c] = 0
+            input_valid[r, c] = False
+            target_valid[r, c] = False
+            loss_mask[r, c] = False
+            segment_starts[r, c] = -1
+

@@ -1,0 +1,197 @@
+"""pack_examples: next-fit packing of whole examples into fixed-width rows (rule C2).
+
+The picture for the worked example, capacity 6::
+
+    supplied   A (3 pairs)   B (2 pairs)   C (4 pairs)
+    row 0      A A A B B .       A fills 0..2, B fits in 3..4, one cell left
+    row 1      C C C C . .       C needs 4 > 1 cells left: next row
+
+Each example becomes one occurrence with its own segment (its ordinal in this call),
+its own local positions and its own targets. Rows are never revisited, nothing is
+sorted, split or truncated, an exact fill opens no empty row, and the last batch
+keeps its real row count.
+
+The call runs in four steps, and nothing large is allocated before the step that
+budgets it has passed (rule C8):
+
+1. validate every example (all-or-nothing, errors name the example);
+2. budget the planner and plan (compiled, sequential: next-fit is inherently serial);
+3. budget every batch array and occurrence record exactly, check ``max_cells``;
+4. allocate each field once for the whole call and fill rows in parallel (compiled);
+   each batch is a row slice of those arrays.
+
+Byte counts use Python integers, which cannot overflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .batch import BYTES_PER_CELL, BYTES_PER_ROW, CELL_DTYPES, OCCURRENCE_DTYPE, PackedBatch
+from .config import PackConfig
+from .errors import (
+    CapacityError,
+    InvalidConfig,
+    InvalidExample,
+    MetadataBudgetError,
+    OversizedExample,
+)
+from .examples import Binding, Examples
+from .kernels.pack_cpu import fill_rows, plan_next_fit
+
+_INT64 = np.dtype(np.int64).itemsize
+#: Validation and occurrence-building temporaries: at most this many int64 per example.
+_SCRATCH_INT64_PER_EXAMPLE = 3
+#: Python objects of one batch (the dataclass, array views, occurrence slice).
+_BATCH_OBJECT_BYTES = 4096
+#: The call's own fixed overhead (epoch object, small arrays, interpreter frames).
+_CALL_OVERHEAD_BYTES = 1 << 16
+_MAX_OCCURRENCES = 2**31  # segment IDs 0 .. 2**31-1 must fit int32 (rule C3)
+
+
+@dataclass(frozen=True, eq=False)
+class PackedEpoch:
+    """The batches of one pack call, in order, and what the call cost."""
+
+    batches: list[PackedBatch]
+    row_count: int
+    occurrence_count: int
+    metadata_peak: int
+
+
+def planner_bytes(example_count: int) -> int:
+    """Planner arrays (row and column per example) plus validation scratch."""
+    return (2 + _SCRATCH_INT64_PER_EXAMPLE) * _INT64 * example_count
+
+
+def metadata_bytes(example_count: int, row_count: int, batch_count: int, capacity: int) -> int:
+    """Every byte a pack call holds at its peak, given its plan (rule C8)."""
+    return (
+        _CALL_OVERHEAD_BYTES
+        + planner_bytes(example_count)
+        + _INT64 * (row_count + 1)  # first example of each row
+        + OCCURRENCE_DTYPE.itemsize * example_count
+        + row_count * capacity * BYTES_PER_CELL
+        + row_count * BYTES_PER_ROW
+        + batch_count * _BATCH_OBJECT_BYTES
+    )
+
+
+def _enforce_budget(needed: int, config: PackConfig, what: str) -> None:
+    if needed > config.max_metadata_bytes:
+        raise MetadataBudgetError(
+            f"{what} needs {needed} bytes but max_metadata_bytes={config.max_metadata_bytes}; "
+            "raise max_metadata_bytes or pack fewer examples per call"
+        )
+
+
+def _validate(examples: Examples, binding: Binding, config: PackConfig) -> np.ndarray:
+    """All-or-nothing checks; returns the prediction length of every example."""
+    if not isinstance(examples, Examples):
+        raise InvalidExample(f"examples must be streampack.Examples, got {type(examples).__name__}")
+    if not isinstance(binding, Binding):
+        raise InvalidConfig(f"binding must be streampack.Binding, got {type(binding).__name__}")
+    if not isinstance(config, PackConfig):
+        raise InvalidConfig(f"config must be streampack.PackConfig, got {type(config).__name__}")
+    count = len(examples)
+    if count > _MAX_OCCURRENCES:
+        raise InvalidExample(
+            f"{count} examples in one call; segment IDs are int32, accepted: <= {_MAX_OCCURRENCES}"
+        )
+    examples.check_vocabulary(binding.vocab_size)
+    lengths = examples.prediction_lengths
+    oversized = np.flatnonzero(lengths > config.capacity)
+    if oversized.size:
+        i = int(oversized[0])
+        raise OversizedExample(
+            f"{examples.describe(i)} has {int(lengths[i])} prediction pairs but a row holds "
+            f"capacity={config.capacity}; raise capacity to at least {int(lengths[i])} or "
+            "select shorter ranges upstream (streampack never splits or truncates)"
+        )
+    return lengths
+
+
+def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> PackedEpoch:
+    """Pack ``examples`` next-fit, in order, into batches of ``config`` (rules C1-C8).
+
+    Raises:
+        InvalidExample / OversizedExample: an example breaks C1/C2 (the message names it).
+        MetadataBudgetError: the call would hold more than ``max_metadata_bytes``.
+        CapacityError: a batch would hold more than ``max_cells`` cells.
+    Nothing large is allocated before the check that covers it has passed.
+    """
+    if not isinstance(binding, Binding):
+        raise InvalidConfig(f"binding must be streampack.Binding, got {type(binding).__name__}")
+    _enforce_budget(planner_bytes(len(examples)), config, "planning")
+    lengths = _validate(examples, binding, config)
+    count = len(examples)
+
+    row_of = np.empty(count, np.int64)
+    column_of = np.empty(count, np.int64)
+    row_count = int(plan_next_fit(lengths, config.capacity, row_of, column_of))
+    rows_per_batch = config.max_rows_per_batch
+    batch_count = -(-row_count // rows_per_batch)
+
+    largest_batch_rows = min(rows_per_batch, row_count)
+    if largest_batch_rows * config.capacity > config.max_cells:
+        raise CapacityError(
+            f"batch 0 would hold {largest_batch_rows} rows x capacity {config.capacity} = "
+            f"{largest_batch_rows * config.capacity} cells but max_cells={config.max_cells}; "
+            f"accepted: max_rows_per_batch <= {config.max_cells // config.capacity} "
+            "or a larger max_cells"
+        )
+    peak = metadata_bytes(count, row_count, batch_count, config.capacity)
+    _enforce_budget(peak, config, f"packing {count} examples into {row_count} rows")
+
+    row_first = np.searchsorted(row_of, np.arange(row_count + 1, dtype=np.int64))
+    shape = (row_count, config.capacity)
+    arrays = {name: np.empty(shape, dtype) for name, dtype in CELL_DTYPES.items()}
+    valid_lengths = np.empty(row_count, np.int32)
+    fill_rows(
+        examples.tokens, examples.offsets, examples.doc, examples.start, examples.stop,
+        row_first, arrays["inputs"], arrays["targets"], arrays["segments"],
+        arrays["positions"], arrays["input_valid"], arrays["target_valid"],
+        arrays["loss_mask"], arrays["segment_starts"], valid_lengths,
+    )
+    occurrences = _occurrence_records(examples, lengths, row_of, column_of, rows_per_batch)
+
+    batches = []
+    for b in range(batch_count):
+        first_row = b * rows_per_batch
+        last_row = min(first_row + rows_per_batch, row_count)
+        rows = slice(first_row, last_row)
+        batches.append(
+            PackedBatch(
+                **{name: array[rows] for name, array in arrays.items()},
+                valid_lengths=valid_lengths[rows],
+                occurrences=occurrences[row_first[first_row] : row_first[last_row]],
+                binding=binding,
+            )
+        )
+    return PackedEpoch(
+        batches=batches, row_count=row_count, occurrence_count=count, metadata_peak=peak
+    )
+
+
+def _occurrence_records(
+    examples: Examples,
+    lengths: np.ndarray,
+    row_of: np.ndarray,
+    column_of: np.ndarray,
+    rows_per_batch: int,
+) -> np.ndarray:
+    """One record per occurrence; ``row`` is local to the occurrence's batch."""
+    records = np.empty(len(examples), OCCURRENCE_DTYPE)
+    records["ordinal"] = np.arange(len(examples), dtype=np.int64)
+    records["row"] = row_of % rows_per_batch
+    records["start"] = column_of
+    records["stop"] = column_of + lengths
+    records["segment"] = records["ordinal"]
+    records["source_id"] = examples.source_id
+    records["example_id"] = examples.example_id
+    records["range_start"] = examples.start
+    records["range_stop"] = examples.stop
+    records["doc"] = examples.doc
+    return records
