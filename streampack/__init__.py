@@ -17,6 +17,7 @@ from .errors import (
     StreampackError,
 )
 from .examples import Binding, Examples
+from .loss import LossResult, document_mean, loss_gradient, probe_logits, row_mean, token_loss
 from .packing import PackedEpoch, pack_examples
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "InvalidConfig",
     "InvalidCoordinate",
     "InvalidExample",
+    "LossResult",
     "MetadataBudgetError",
     "OversizedExample",
     "PackConfig",
@@ -41,5 +43,10 @@ __all__ = [
     "PackedEpoch",
     "ProtocolError",
     "StreampackError",
+    "document_mean",
+    "loss_gradient",
     "pack_examples",
+    "probe_logits",
+    "row_mean",
+    "token_loss",
 ]
