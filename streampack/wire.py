@@ -1,0 +1,427 @@
+"""The wire protocol between producer, pack workers and consumers (version 1).
+
+Every message is a ZeroMQ multipart message::
+
+    frame 0      header: one msgpack map, keys in this order
+                   "v"  protocol version (int, 1)
+                   "k"  kind (str, one of KINDS)
+                   ...  the kind's fields, in the order KINDS lists them
+                   "f"  one [name, dtype, shape] triple per following frame
+    frame 1..n   raw array bytes, C order, little-endian, exactly
+                 prod(shape) * itemsize bytes each
+
+For example ``encode_header("ready", {"credit": 2})`` is these 23 bytes (the tests
+pin them)::
+
+    84                    map of 4
+    a1 76 01              "v": 1
+    a1 6b a5 72 65 61 64 79      "k": "ready"
+    a6 63 72 65 64 69 74 02      "credit": 2
+    a1 66 90              "f": []
+
+Kinds and directions (P producer, W pack worker, C consumer or health probe):
+
+    ready      W->P  credit                      a worker can take `credit` more windows
+    heartbeat  W->P  free                        liveness; `free` re-registers after a
+                                                 producer restart
+    window     P->W  epoch window binding config frames: tokens offsets doc start stop
+                                                 source_id example_id
+    packed     W->P  epoch window batch batches  frames: the batch arrays + occurrences
+    done       W->P  epoch window batches seconds audited audit_failures audit_error
+    failed     W->P  epoch window error          packing raised; the window is quarantined
+    fetch      C->P  rank world_size epoch index ask for global batch `index` of `epoch`
+    batch      P->C  epoch index window batch filler binding   frames as in `packed`
+    epoch_end  P->C  epoch per_rank total        `index` is past this rank's share
+    stream_end P->C  epochs                      no more epochs
+    health     C->P  (none)                      are you serving?
+    status     P->C  serving stats               answer to `health`
+    error      any   message                     the message received was rejected
+
+Frame dtypes are fixed per frame name (``FRAME_DTYPES``); a receiver never builds a
+dtype from a string it was sent. A receiver rejects (``ProtocolError``) an unknown
+version or kind, a missing, extra or mistyped field, a frame list that disagrees with
+the header, a frame whose size disagrees with its shape, and anything over its
+``WireLimits``. ``pickle`` is never used. Arrays decoded from ``zmq.Frame`` objects
+share the frame's memory (no copy) and are read-only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from streampack.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+
+_INT = "int"
+_STR = "str"
+_BOOL = "bool"
+_MAP = "map"
+_FLOAT = "float"
+
+BATCH_FRAMES = (
+    "inputs",
+    "targets",
+    "segments",
+    "positions",
+    "input_valid",
+    "target_valid",
+    "loss_mask",
+    "segment_starts",
+    "valid_lengths",
+    "occurrences",
+)
+WINDOW_FRAMES = ("tokens", "offsets", "doc", "start", "stop", "source_id", "example_id")
+
+# kind -> (fields in order with their types, frame names in order)
+KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
+    "ready": ((("credit", _INT),), ()),
+    "heartbeat": ((("free", _INT),), ()),
+    "window": (
+        (("epoch", _INT), ("window", _INT), ("binding", _MAP), ("config", _MAP)),
+        WINDOW_FRAMES,
+    ),
+    "packed": (
+        (("epoch", _INT), ("window", _INT), ("batch", _INT), ("batches", _INT)),
+        BATCH_FRAMES,
+    ),
+    "done": (
+        (
+            ("epoch", _INT),
+            ("window", _INT),
+            ("batches", _INT),
+            ("seconds", _FLOAT),
+            ("audited", _INT),
+            ("audit_failures", _INT),
+            ("audit_error", _STR),
+        ),
+        (),
+    ),
+    "failed": ((("epoch", _INT), ("window", _INT), ("error", _STR)), ()),
+    "fetch": ((("rank", _INT), ("world_size", _INT), ("epoch", _INT), ("index", _INT)), ()),
+    "batch": (
+        (
+            ("epoch", _INT),
+            ("index", _INT),
+            ("window", _INT),
+            ("batch", _INT),
+            ("filler", _BOOL),
+            ("binding", _MAP),
+        ),
+        BATCH_FRAMES,
+    ),
+    "epoch_end": ((("epoch", _INT), ("per_rank", _INT), ("total", _INT)), ()),
+    "stream_end": ((("epochs", _INT),), ()),
+    "health": ((), ()),
+    "status": ((("serving", _BOOL), ("stats", _MAP)), ()),
+    "error": ((("message", _STR),), ()),
+}
+
+FRAME_DTYPES: dict[str, str] = {
+    "tokens": "<i4",
+    "offsets": "<i8",
+    "doc": "<i8",
+    "start": "<i8",
+    "stop": "<i8",
+    "source_id": "<i8",
+    "example_id": "<i8",
+    "inputs": "<i4",
+    "targets": "<i4",
+    "segments": "<i4",
+    "positions": "<i4",
+    "input_valid": "|b1",
+    "target_valid": "|b1",
+    "loss_mask": "|b1",
+    "segment_starts": "<i4",
+    "valid_lengths": "<i4",
+    "occurrences": "occurrence",
+}
+
+
+def _occurrence_dtype() -> np.dtype:
+    from streampack.batch import OCCURRENCE_DTYPE
+
+    return np.dtype(OCCURRENCE_DTYPE).newbyteorder("<")
+
+
+def frame_dtype(name: str) -> np.dtype:
+    """The one dtype the protocol allows for frame ``name``."""
+    code = FRAME_DTYPES[name]
+    return _occurrence_dtype() if code == "occurrence" else np.dtype(code)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WireLimits:
+    """What a receiver accepts. Larger messages are rejected before they are parsed."""
+
+    max_header_bytes: int = 1 << 16
+    max_frame_bytes: int = 256 << 20
+    max_ndim: int = 2
+    max_str_len: int = 1 << 14
+    max_container_len: int = 256
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ProtocolError(f"WireLimits.{field.name} = {value!r} must be an int >= 1")
+
+
+DEFAULT_LIMITS = WireLimits()
+
+
+@dataclasses.dataclass
+class Message:
+    """A decoded message: its kind, header fields and named arrays (frame order)."""
+
+    kind: str
+    fields: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+    frames: list[Any]  # the raw data frames, reusable for zero-copy forwarding
+
+
+def _check_field(kind: str, name: str, kind_of: str, value: Any) -> None:
+    ok = {
+        _INT: isinstance(value, int) and not isinstance(value, bool),
+        _STR: isinstance(value, str),
+        _BOOL: isinstance(value, bool),
+        _MAP: isinstance(value, dict),
+        _FLOAT: isinstance(value, (int, float)) and not isinstance(value, bool),
+    }[kind_of]
+    if not ok:
+        raise ProtocolError(
+            f"{kind!r} message field {name!r} = {value!r} has type "
+            f"{type(value).__name__}; expected {kind_of}"
+        )
+
+
+def encode_header(
+    kind: str,
+    fields: Mapping[str, Any] | None = None,
+    specs: Sequence[tuple[str, str, Sequence[int]]] = (),
+) -> bytes:
+    """The msgpack header of a ``kind`` message with ``fields`` and frame ``specs``."""
+    if kind not in KINDS:
+        raise ProtocolError(f"unknown message kind {kind!r}; expected one of {sorted(KINDS)}")
+    schema, frame_names = KINDS[kind]
+    fields = dict(fields or {})
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "k": kind}
+    for name, kind_of in schema:
+        if name not in fields:
+            raise ProtocolError(f"{kind!r} message is missing field {name!r}")
+        value = fields.pop(name)
+        _check_field(kind, name, kind_of, value)
+        header[name] = value
+    if fields:
+        raise ProtocolError(f"{kind!r} message has unknown field(s) {sorted(fields)}")
+    names = tuple(spec[0] for spec in specs)
+    if names != frame_names:
+        raise ProtocolError(f"{kind!r} message frames {names}; expected {frame_names}")
+    header["f"] = [[name, code, [int(n) for n in shape]] for name, code, shape in specs]
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def encode(
+    kind: str, fields: Mapping[str, Any] | None = None, arrays: Mapping[str, Any] | None = None
+) -> list[Any]:
+    """Header plus array frames, ready for ``socket.send_multipart(..., copy=False)``.
+
+    Arrays already in the protocol dtype and C order are sent without a copy.
+    """
+    specs = []
+    frames: list[Any] = []
+    for name, array in (arrays or {}).items():
+        if name not in FRAME_DTYPES:
+            raise ProtocolError(
+                f"unknown frame name {name!r}; expected one of {list(FRAME_DTYPES)}"
+            )
+        dtype = frame_dtype(name)
+        array = np.asarray(array)
+        if array.dtype != dtype:
+            if array.dtype.names is not None or dtype.names is not None:
+                if array.dtype.names != dtype.names:
+                    raise ProtocolError(
+                        f"frame {name!r} has fields {array.dtype.names}; expected {dtype.names}"
+                    )
+            array = array.astype(dtype)
+        array = np.ascontiguousarray(array)
+        specs.append((name, FRAME_DTYPES[name], array.shape))
+        frames.append(memoryview(array).cast("B") if array.size else b"")
+    return [encode_header(kind, fields, specs), *frames]
+
+
+def encode_forward(
+    kind: str, fields: Mapping[str, Any], message: Message
+) -> list[Any]:
+    """Re-head the data frames of a received ``message`` without touching their bytes."""
+    specs = [
+        (name, FRAME_DTYPES[name], array.shape) for name, array in message.arrays.items()
+    ]
+    return [encode_header(kind, fields, specs), *message.frames]
+
+
+def _buffer(frame: Any) -> memoryview:
+    if isinstance(frame, (bytes, bytearray, memoryview)):
+        return memoryview(frame)
+    buffer = getattr(frame, "buffer", None)  # zmq.Frame
+    if buffer is None:
+        raise ProtocolError(f"frame of type {type(frame).__name__} is not bytes-like")
+    return buffer
+
+
+def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Message:
+    """Parse and check one message; any defect raises :class:`ProtocolError`."""
+    if not frames:
+        raise ProtocolError("empty message: expected a header frame")
+    head = _buffer(frames[0])
+    if head.nbytes > limits.max_header_bytes:
+        raise ProtocolError(
+            f"header of {head.nbytes} bytes exceeds max_header_bytes={limits.max_header_bytes}"
+        )
+    try:
+        header = msgpack.unpackb(
+            head,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=limits.max_str_len,
+            max_bin_len=0,
+            max_ext_len=0,
+            max_array_len=limits.max_container_len,
+            max_map_len=limits.max_container_len,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"header is not valid msgpack within limits: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header is a {type(header).__name__}; expected a msgpack map")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"protocol version {version!r} is not supported; expected {PROTOCOL_VERSION}"
+        )
+    kind = header.get("k")
+    if kind not in KINDS:
+        raise ProtocolError(f"unknown message kind {kind!r}; expected one of {sorted(KINDS)}")
+    schema, frame_names = KINDS[kind]
+    expected_keys = {"v", "k", "f"} | {name for name, _ in schema}
+    if set(header) != expected_keys:
+        raise ProtocolError(
+            f"{kind!r} header keys {sorted(header)}; expected {sorted(expected_keys)}"
+        )
+    fields = {}
+    for name, kind_of in schema:
+        _check_field(kind, name, kind_of, header[name])
+        fields[name] = header[name]
+    specs = header["f"]
+    if not isinstance(specs, list) or len(specs) != len(frame_names):
+        raise ProtocolError(f"{kind!r} header lists frames {specs!r}; expected {frame_names}")
+    if len(frames) - 1 != len(specs):
+        raise ProtocolError(
+            f"{kind!r} header announces {len(specs)} frame(s) but {len(frames) - 1} arrived"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for spec, expected_name, frame in zip(specs, frame_names, frames[1:]):
+        if not (isinstance(spec, list) and len(spec) == 3):
+            raise ProtocolError(f"frame spec {spec!r} is not [name, dtype, shape]")
+        name, code, shape = spec
+        if name != expected_name or code != FRAME_DTYPES.get(name):
+            raise ProtocolError(
+                f"frame {name!r} with dtype {code!r}; expected {expected_name!r} with dtype "
+                f"{FRAME_DTYPES[expected_name]!r}"
+            )
+        if (
+            not isinstance(shape, list)
+            or len(shape) > limits.max_ndim
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+        ):
+            raise ProtocolError(
+                f"frame {name!r} shape {shape!r} must be at most {limits.max_ndim} "
+                f"non-negative ints"
+            )
+        dtype = frame_dtype(name)
+        expected = dtype.itemsize
+        for n in shape:
+            expected *= n
+            if expected > limits.max_frame_bytes:
+                raise ProtocolError(
+                    f"frame {name!r} shape {shape} exceeds max_frame_bytes="
+                    f"{limits.max_frame_bytes}"
+                )
+        buffer = _buffer(frame)
+        if buffer.nbytes != expected:
+            raise ProtocolError(
+                f"frame {name!r} has {buffer.nbytes} bytes; its header says shape {shape} "
+                f"of {code} = {expected} bytes"
+            )
+        arrays[name] = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    return Message(kind=kind, fields=fields, arrays=arrays, frames=list(frames[1:]))
+
+
+# --- batches ------------------------------------------------------------------------
+
+
+def binding_to_wire(binding: Any) -> dict[str, Any]:
+    return {
+        "vocab_size": int(binding.vocab_size),
+        "tokenizer": str(binding.tokenizer),
+        "split_receipt": str(binding.split_receipt),
+        "partition": str(binding.partition),
+    }
+
+
+def binding_from_wire(data: Mapping[str, Any]) -> Any:
+    from streampack import Binding
+
+    try:
+        return Binding(
+            vocab_size=data["vocab_size"],
+            tokenizer=data["tokenizer"],
+            split_receipt=data["split_receipt"],
+            partition=data["partition"],
+        )
+    except (KeyError, TypeError) as exc:
+        raise ProtocolError(f"binding {dict(data)!r} is malformed: {exc}") from None
+    except ValueError as exc:
+        raise ProtocolError(f"binding {dict(data)!r} is invalid: {exc}") from None
+
+
+def batch_arrays(batch: Any) -> dict[str, np.ndarray]:
+    """The frames of a ``PackedBatch`` in protocol order."""
+    arrays = {name: getattr(batch, name) for name in BATCH_FRAMES[:-1]}
+    arrays["occurrences"] = batch.occurrences
+    return arrays
+
+
+def batch_from_message(message: Message) -> Any:
+    """Rebuild a ``PackedBatch`` from a ``batch`` message (arrays share the frames)."""
+    from streampack import PackedBatch
+
+    if message.kind != "batch":
+        raise ProtocolError(f"expected a 'batch' message, got {message.kind!r}")
+    arrays = message.arrays
+    rows_cap = arrays["inputs"].shape
+    if len(rows_cap) != 2:
+        raise ProtocolError(f"inputs shape {rows_cap} is not [rows, capacity]")
+    for name in BATCH_FRAMES[:-1]:
+        want = (rows_cap[0],) if name == "valid_lengths" else rows_cap
+        if arrays[name].shape != want:
+            raise ProtocolError(f"frame {name!r} shape {arrays[name].shape}; expected {want}")
+    if arrays["occurrences"].ndim != 1:
+        raise ProtocolError(f"occurrences shape {arrays['occurrences'].shape} is not 1-D")
+    return PackedBatch(
+        **{name: arrays[name] for name in BATCH_FRAMES},
+        binding=binding_from_wire(message.fields["binding"]),
+        filler=message.fields["filler"],
+    )
+
+
+def configure_socket(socket: Any, max_message_bytes: int) -> None:
+    """Receive limit on every socket, and no lingering on close (shutdown stays fast)."""
+    import zmq
+
+    socket.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
+    socket.setsockopt(zmq.LINGER, 0)
