@@ -135,7 +135,9 @@ class PackedBatch:
 
     def _check_cell(self, row: int, *columns: int) -> None:
         if not 0 <= row < self.rows:
-            raise InvalidCoordinate(f"row={row} is outside this batch; accepted: 0..{self.rows - 1}")
+            raise InvalidCoordinate(
+                f"row={row} is outside this batch; accepted: 0..{self.rows - 1}"
+            )
         for name, column in zip(("query", "key"), columns):
             if not 0 <= column < self.capacity:
                 raise InvalidCoordinate(

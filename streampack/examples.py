@@ -4,8 +4,8 @@ An *example* is a selected range ``[start, stop)`` of one document (rule C1). Ex
 are held column by column, so a million of them cost a handful of arrays, not a million
 Python objects::
 
-    tokens   [0 99 100 1 | 0 101 1 | 0 102 103 104 1]    every document, concatenated
-    offsets  [0, 4, 7, 12]                                 document d is tokens[offsets[d]:offsets[d+1]]
+    tokens   [0 99 100 1 | 0 101 1 | 0 102 103 104 1]    documents, concatenated
+    offsets  [0, 4, 7, 12]                          document d: tokens[offsets[d]:offsets[d+1]]
     doc      [0, 1, 2]        start [0, 0, 0]   stop [4, 3, 5]
     source_id, example_id     caller's identities, carried to every occurrence
 

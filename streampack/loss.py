@@ -28,7 +28,9 @@ def _eligible(logits: np.ndarray, batch: PackedBatch) -> tuple[np.ndarray, np.nd
     expected = (batch.rows, batch.capacity, vocab)
     if not isinstance(logits, np.ndarray) or logits.shape != expected:
         shape = getattr(logits, "shape", None)
-        raise InvalidArray(f"logits has shape {shape}; expected [rows, capacity, vocab] = {expected}")
+        raise InvalidArray(
+            f"logits has shape {shape}; expected [rows, capacity, vocab] = {expected}"
+        )
     if logits.dtype.kind != "f":
         raise InvalidArray(f"logits has dtype {logits.dtype}; expected a floating dtype")
     cells = np.flatnonzero(batch.loss_mask.ravel())

@@ -1,0 +1,241 @@
+"""Next-fit packing (rules C1-C4, C8), one scenario suite for the compiled and reference packers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import streampack as sp
+from streampack.reference.packing import reference_pack
+from tests._packing_cases import BINDING, PACKERS, A, B, C, compiled_pack
+
+packers = pytest.mark.parametrize("pack", PACKERS.values(), ids=PACKERS.keys())
+
+
+def rows_of(batches, field):
+    return [row for batch in batches for row in getattr(batch, field).tolist()]
+
+
+@packers
+def test_worked_example_rows_c1_c2_c4(pack):
+    batches = pack(sp.Examples.from_documents([A, B, C]), BINDING,
+                   sp.PackConfig(capacity=6, max_rows_per_batch=2))
+    assert len(batches) == 1
+    assert rows_of(batches, "inputs") == [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]]
+    assert rows_of(batches, "targets") == [[99, 100, 1, 101, 1, -1], [102, 103, 104, 1, -1, -1]]
+    assert rows_of(batches, "segments") == [[0, 0, 0, 1, 1, -1], [2, 2, 2, 2, -1, -1]]
+    assert rows_of(batches, "positions") == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]]
+    assert rows_of(batches, "segment_starts") == [[0, 0, 0, 3, 3, -1], [0, 0, 0, 0, -1, -1]]
+    for field in ("input_valid", "target_valid", "loss_mask"):
+        assert rows_of(batches, field) == [[True] * 5 + [False], [True] * 4 + [False] * 2]
+    assert batches[0].valid_lengths.tolist() == [5, 4]
+
+
+@packers
+def test_last_pair_of_a_predicts_its_own_eos_not_bs_bos_c1(pack):
+    batch = pack(sp.Examples.from_documents([A, B]), BINDING,
+                 sp.PackConfig(capacity=6, max_rows_per_batch=1))[0]
+    assert batch.inputs[0, 2] == 100 and batch.targets[0, 2] == 1  # A's EOS
+    assert batch.inputs[0, 3] == 0  # B's BOS is an input of B, never a target of A
+    assert 0 not in batch.targets[0, :3].tolist()
+
+
+@packers
+def test_interior_range_adds_no_bos_or_eos_c1(pack):
+    examples = sp.Examples.from_documents([[0, 5, 6, 7, 8, 1]], ranges=[(1, 4)])
+    batch = pack(examples, BINDING, sp.PackConfig(capacity=4, max_rows_per_batch=1))[0]
+    assert batch.inputs[0].tolist() == [5, 6, -1, -1]
+    assert batch.targets[0].tolist() == [6, 7, -1, -1]
+
+
+@packers
+def test_two_uses_of_one_document_and_range_get_distinct_segments_c3(pack):
+    examples = sp.Examples(
+        tokens=[0, 101, 1], offsets=[0, 3], doc=[0, 0], start=[0, 0], stop=[3, 3],
+        source_id=[7, 7], example_id=[9, 9],
+    )
+    batch = pack(examples, BINDING, sp.PackConfig(capacity=4, max_rows_per_batch=1))[0]
+    assert batch.segments[0].tolist() == [0, 0, 1, 1]
+    assert batch.positions[0].tolist() == [0, 1, 0, 1]
+    assert batch.occurrences["segment"].tolist() == [0, 1]
+    assert batch.occurrences["example_id"].tolist() == [9, 9]
+    assert not batch.allowed_key(0, 2, 0) and not batch.allowed_key(0, 2, 1)
+
+
+@packers
+def test_exact_fill_makes_no_empty_row_c2(pack):
+    # 3 + 3 pairs fill capacity 6 exactly; the next example opens row 1, nothing more.
+    examples = sp.Examples.from_documents([[1, 2, 3, 4]] * 2 + [[5, 6]])
+    batches = pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=4))
+    assert [b.rows for b in batches] == [2]
+    assert batches[0].valid_lengths.tolist() == [6, 1]
+    exact = pack(sp.Examples.from_documents([[1, 2, 3, 4]] * 2), BINDING,
+                 sp.PackConfig(capacity=6, max_rows_per_batch=4))
+    assert [b.rows for b in exact] == [1]
+
+
+@packers
+def test_next_fit_never_revisits_a_row_c2(pack):
+    # 4 pairs, then 4 (new row), then 1: next-fit puts it in row 1, not the gap in row 0.
+    examples = sp.Examples.from_documents([[1] * 5, [2] * 5, [3, 3]])
+    batch = pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=4))[0]
+    assert batch.occurrences["row"].tolist() == [0, 1, 1]
+    assert batch.valid_lengths.tolist() == [4, 5]
+
+
+@packers
+def test_last_batch_keeps_its_smaller_row_count_c2(pack):
+    examples = sp.Examples.from_documents([[1, 2, 3]] * 5)
+    batches = pack(examples, BINDING, sp.PackConfig(capacity=2, max_rows_per_batch=2))
+    assert [b.rows for b in batches] == [2, 2, 1]
+    assert [b.occurrences["row"].tolist() for b in batches] == [[0, 1], [0, 1], [0]]
+    assert [b.occurrences["ordinal"].tolist() for b in batches] == [[0, 1], [2, 3], [4]]
+
+
+@packers
+def test_oversized_example_is_an_error_naming_it_c2(pack):
+    examples = sp.Examples.from_documents([[1, 2], [1, 2, 3, 4, 5, 6, 7, 8]],
+                                          source_ids=[10, 11], example_ids=[20, 21])
+    with pytest.raises(sp.OversizedExample, match=r"example 1 \(source_id 11, example_id 21\)"):
+        pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=1))
+
+
+def test_oversized_message_says_how_to_fix():
+    examples = sp.Examples.from_documents([[1] * 9])
+    with pytest.raises(sp.OversizedExample, match=r"8 prediction pairs.*capacity=6.*at least 8"):
+        compiled_pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=1))
+
+
+def test_out_of_vocabulary_token_is_named_and_nothing_is_returned():
+    examples = sp.Examples.from_documents([[0, 1, 2], [0, 266, 1]])
+    with pytest.raises(sp.InvalidExample, match=r"example 1 .*token 266 at position 1.*0\.\.265"):
+        sp.pack_examples(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=1))
+
+
+def test_out_of_vocabulary_token_outside_every_range_is_never_read():
+    examples = sp.Examples.from_documents([[0, 5, 6, 999]], ranges=[(0, 3)])
+    epoch = sp.pack_examples(examples, BINDING, sp.PackConfig(capacity=4, max_rows_per_batch=1))
+    assert epoch.batches[0].targets[0].tolist() == [5, 6, -1, -1]
+
+
+def test_empty_examples_give_an_empty_epoch():
+    epoch = sp.pack_examples(sp.Examples.from_documents([]), BINDING,
+                             sp.PackConfig(capacity=4, max_rows_per_batch=1))
+    assert (epoch.batches, epoch.row_count, epoch.occurrence_count) == ([], 0, 0)
+
+
+def test_max_cells_refuses_a_batch_before_allocating_c8():
+    config = sp.PackConfig(capacity=4, max_rows_per_batch=3, max_cells=8)
+    examples = sp.Examples.from_documents([[1, 2, 3, 4, 5]] * 3)
+    with pytest.raises(sp.CapacityError, match=r"3 rows x capacity 4 = 12 cells but max_cells=8"):
+        sp.pack_examples(examples, BINDING, config)
+    # Two rows fit under the same limit.
+    assert sp.pack_examples(sp.Examples.from_documents([[1, 2, 3, 4, 5]] * 2), BINDING,
+                            config).row_count == 2
+
+
+def test_metadata_budget_refuses_with_both_numbers_c8():
+    examples = sp.Examples.from_documents([[1, 2, 3]] * 100)
+    needed = sp.pack_examples(examples, BINDING,
+                              sp.PackConfig(capacity=64, max_rows_per_batch=2)).metadata_peak
+    with pytest.raises(sp.MetadataBudgetError,
+                       match=rf"needs {needed} bytes but max_metadata_bytes={needed - 1}"):
+        sp.pack_examples(examples, BINDING, sp.PackConfig(
+            capacity=64, max_rows_per_batch=2, max_metadata_bytes=needed - 1))
+    sp.pack_examples(examples, BINDING, sp.PackConfig(
+        capacity=64, max_rows_per_batch=2, max_metadata_bytes=needed))
+
+
+def test_budget_is_checked_before_a_huge_allocation_c8():
+    # 2**40 cells would need terabytes: the budget check must refuse before np.empty.
+    examples = sp.Examples.from_documents([[1, 2]] * 4)
+    config = sp.PackConfig(capacity=2**30, max_rows_per_batch=1, max_metadata_bytes=1 << 30)
+    with pytest.raises(sp.MetadataBudgetError, match="max_metadata_bytes=1073741824"):
+        sp.pack_examples(examples, BINDING, config)
+
+
+def test_segment_ids_are_global_occurrence_ordinals_across_batches_c3():
+    examples = sp.Examples.from_documents([[1, 2, 3]] * 4)
+    batches = compiled_pack(examples, BINDING, sp.PackConfig(capacity=2, max_rows_per_batch=2))
+    assert [b.segments[:, 0].tolist() for b in batches] == [[0, 1], [2, 3]]
+
+
+# -- properties over random inputs ----------------------------------------------------
+
+
+@st.composite
+def packing_inputs(draw):
+    vocab = draw(st.integers(2, 50))
+    documents = draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=2, max_size=12),
+                              min_size=1, max_size=8))
+    capacity = draw(st.integers(11, 16))
+    count = draw(st.integers(0, 20))
+    doc = draw(st.lists(st.integers(0, len(documents) - 1), min_size=count, max_size=count))
+    ranges = []
+    for d in doc:
+        n = len(documents[d])
+        start = draw(st.integers(0, n - 2))
+        ranges.append((start, draw(st.integers(start + 2, n))))
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in documents])])
+    examples = sp.Examples(
+        tokens=np.concatenate(documents), offsets=offsets, doc=doc,
+        start=[r[0] for r in ranges], stop=[r[1] for r in ranges],
+        source_id=draw(st.lists(st.integers(0, 99), min_size=count, max_size=count)),
+    )
+    config = sp.PackConfig(capacity=capacity, max_rows_per_batch=draw(st.integers(1, 4)))
+    return examples, sp.Binding(vocab, "t", "s", "train"), config
+
+
+@settings(max_examples=150, deadline=None)
+@given(packing_inputs())
+def test_compiled_packer_equals_reference_and_keeps_every_pair(case):
+    examples, binding, config = case
+    got = compiled_pack(examples, binding, config)
+    want = reference_pack(examples, binding, config)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        for field in sp.PackedBatch.ARRAY_FIELDS:
+            np.testing.assert_array_equal(getattr(g, field), getattr(w, field), err_msg=field)
+        np.testing.assert_array_equal(g.occurrences, w.occurrences)
+    seen = []
+    for batch in got:
+        for record in batch.occurrences:
+            r, c0, c1 = int(record["row"]), int(record["start"]), int(record["stop"])
+            selected = examples.example_tokens(int(record["ordinal"]))
+            # C1: inputs and targets are exactly the pairs of the selected range.
+            assert batch.inputs[r, c0:c1].tolist() == selected[:-1].tolist()
+            assert batch.targets[r, c0:c1].tolist() == selected[1:].tolist()
+            # C4: positions restart at 0 for every occurrence.
+            assert batch.positions[r, c0:c1].tolist() == list(range(c1 - c0))
+            assert set(batch.segments[r, c0:c1].tolist()) == {int(record["segment"])}
+            seen.append(int(record["segment"]))
+        assert (batch.valid_lengths <= batch.capacity).all()
+        assert batch.rows <= config.max_rows_per_batch
+    # C3: one segment per supplied example, unique, in supplied order.
+    assert seen == list(range(len(examples)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(packing_inputs())
+def test_allowed_key_key_range_and_permission_agree_everywhere_c6(case):
+    examples, binding, config = case
+    for batch in compiled_pack(examples, binding, config):
+        for r in range(batch.rows):
+            dense = batch.permission(r)
+            for q in range(batch.capacity):
+                lo, hi = batch.key_range(r, q)
+                from_range = np.zeros(batch.capacity, bool)
+                from_range[lo:hi] = True
+                from_rule = [batch.allowed_key(r, q, k) for k in range(batch.capacity)]
+                assert dense[q].tolist() == from_rule == from_range.tolist()
+
+
+def test_padding_may_not_fill_the_middle_of_a_row():
+    # Next-fit leaves padding only at row tails, which is what makes ranges exact.
+    examples = sp.Examples.from_documents([[1] * 4, [2] * 6, [3] * 2])
+    batch = compiled_pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=4))[0]
+    for r in range(batch.rows):
+        valid = batch.input_valid[r]
+        assert valid[: batch.valid_lengths[r]].all() and not valid[batch.valid_lengths[r]:].any()
