@@ -1,0 +1,431 @@
+"""Audit a packed batch: does the reference decoder see exactly what it would see unpacked?
+
+A batch passes when the untrained reference decoder (:mod:`streampack.decoder`) gives,
+running the packed rows, the same logits on every loss-eligible cell, the same
+token-summed loss and the same gradient for every parameter coordinate as running
+each of its occurrences alone — within ``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)``.
+
+What that proves about the batch: its positions restart at each occurrence (C4), its
+segment starts and valid lengths keep every query inside its own occurrence (C6), its
+targets are the inputs shifted by one inside the range (C1) and its loss mask counts
+each real target once (C7). The separate runs are rebuilt from the batch's own input
+cells (plus each occurrence's last target) unless the caller passes the ``Examples``
+the batch was packed from, in which case the tokens themselves are checked too.
+
+The decoder profiles accept short examples only (``max_positions`` 4 or 16), so longer
+occurrences are cropped to a prefix *for the audit only*: each row is rebuilt from its
+occurrences' first ``max_positions`` cells, laid side by side in the original order,
+with the batch's own positions, targets, loss mask and segment starts (kept at the
+same distance before their query) copied across. The report counts the cropped
+occurrences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .decoder import Decoder, DecoderConfig, LossAndGrad, _Cells, _single_cells
+from .errors import InvalidArray
+from .examples import Examples
+
+if TYPE_CHECKING:
+    from .batch import PackedBatch
+
+_ABS_TOL = 1e-10
+_REL_TOL = 1e-9
+
+
+def _max_diff_and_failures(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
+    """Largest absolute difference and how many pairs break the tolerance.
+
+    NaN anywhere counts as a failure: a NaN logit on an eligible cell is a bug.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise InvalidArray(f"cannot compare shapes {a.shape} and {b.shape}")
+    if a.size == 0:
+        return 0.0, 0
+    diff = np.abs(a - b)
+    bound = _ABS_TOL + _REL_TOL * np.maximum(np.abs(a), np.abs(b))
+    bad = ~(diff <= bound)
+    finite = diff[np.isfinite(diff)]
+    largest = float(finite.max()) if finite.size else 0.0
+    if not np.all(np.isfinite(diff)):
+        largest = float("inf")
+    return largest, int(np.count_nonzero(bad))
+
+
+@dataclass
+class Comparison:
+    """One execution compared with another: counts, largest differences, failures."""
+
+    logits: int = 0
+    gradient_coordinates: int = 0
+    max_logit_diff: float = 0.0
+    max_loss_diff: float = 0.0
+    max_grad_diff: float = 0.0
+    failures: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def comparisons(self) -> int:
+        """Logits, the loss sum (one) and every gradient coordinate."""
+        return self.logits + 1 + self.gradient_coordinates
+
+    @property
+    def passed(self) -> bool:
+        return self.failures == 0
+
+    def add_logits(self, a: np.ndarray, b: np.ndarray, what: str) -> None:
+        largest, bad = _max_diff_and_failures(a, b)
+        self.logits += int(np.asarray(a).size)
+        self.max_logit_diff = max(self.max_logit_diff, largest)
+        if bad:
+            self.failures += bad
+            self.notes.append(f"{what}: {bad} logits differ (max |diff| {largest:.3e})")
+
+    def add_loss(self, a: LossAndGrad, b: LossAndGrad) -> None:
+        if a.count != b.count:
+            self.failures += 1
+            self.notes.append(f"target counts differ: {a.count} vs {b.count}")
+        largest, bad = _max_diff_and_failures(np.array(a.loss_sum), np.array(b.loss_sum))
+        self.max_loss_diff = largest
+        if bad:
+            self.failures += 1
+            self.notes.append(f"loss sums differ: {a.loss_sum!r} vs {b.loss_sum!r}")
+        for name, value in a.grads.items():
+            largest, bad = _max_diff_and_failures(value, b.grads[name])
+            self.gradient_coordinates += int(value.size)
+            self.max_grad_diff = max(self.max_grad_diff, largest)
+            if bad:
+                self.failures += bad
+                self.notes.append(
+                    f"gradient {name}: {bad} coordinates differ (max |diff| {largest:.3e})"
+                )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "logit_comparisons": self.logits,
+            "gradient_comparisons": self.gradient_coordinates,
+            "comparisons": self.comparisons,
+            "max_logit_diff": self.max_logit_diff,
+            "max_loss_diff": self.max_loss_diff,
+            "max_grad_diff": self.max_grad_diff,
+            "failures": self.failures,
+        }
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """Outcome of :func:`audit` for one batch.
+
+    Attributes:
+        passed: every comparison within tolerance and equal target counts.
+        max_logit_diff / max_loss_diff / max_grad_diff: largest absolute differences.
+        comparisons: logits + 1 loss sum + gradient coordinates compared.
+        occurrences: occurrences audited (all of the batch's).
+        cropped: occurrences longer than ``max_positions``, audited on a prefix only.
+        max_positions: the profile's longest prediction length.
+        notes: what failed, first few items; empty when passed.
+    """
+
+    passed: bool
+    max_logit_diff: float
+    max_loss_diff: float
+    max_grad_diff: float
+    comparisons: int
+    occurrences: int
+    cropped: int
+    max_positions: int
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"notes": list(self.notes)}
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _occurrence_sequences(batch: Any, examples: Any = None) -> list[np.ndarray]:
+    """Selected tokens of every occurrence: from ``examples`` or rebuilt from the cells."""
+    sequences = []
+    for rec in batch.occurrences:
+        if examples is not None:
+            sequences.append(np.asarray(examples.example_tokens(int(rec["ordinal"])), np.int64))
+            continue
+        row, start, stop = int(rec["row"]), int(rec["start"]), int(rec["stop"])
+        inputs = np.asarray(batch.inputs[row, start:stop], np.int64)
+        last = np.asarray(batch.targets[row, stop - 1 : stop], np.int64)
+        sequences.append(np.concatenate([inputs, last]))
+    return sequences
+
+
+def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[_Cells, list[tuple[int, int, int]]]:
+    """Rows rebuilt from each occurrence's first ``keep[j]`` cells, side by side.
+
+    Returns the cells and, per occurrence, ``(row, new_start, kept)``. Everything but the
+    column shift comes from the batch itself, so a wrong position, target, loss flag or
+    segment start is still wrong here.
+    """
+    occ = batch.occurrences
+    rows = batch.rows
+    widths = np.zeros(rows, np.int64)
+    np.add.at(widths, occ["row"].astype(np.int64), keep)
+    cap = max(int(widths.max()) if rows else 0, 1)
+    inputs = np.full((rows, cap), -1, np.int64)
+    targets = np.full((rows, cap), -1, np.int64)
+    positions = np.zeros((rows, cap), np.int64)
+    starts = np.full((rows, cap), -1, np.int32)
+    eligible = np.zeros((rows, cap), bool)
+    placed: list[tuple[int, int, int]] = []
+    fill = np.zeros(rows, np.int64)
+    for j in np.argsort(occ["start"].astype(np.int64) + occ["row"].astype(np.int64) * (1 << 32)):
+        rec = occ[j]
+        row, old = int(rec["row"]), int(rec["start"])
+        new, n = int(fill[row]), int(keep[j])
+        src, dst = slice(old, old + n), slice(new, new + n)
+        inputs[row, dst] = batch.inputs[row, src]
+        targets[row, dst] = batch.targets[row, src]
+        positions[row, dst] = batch.positions[row, src]
+        eligible[row, dst] = batch.loss_mask[row, src]
+        # Keep each segment start at its distance before the query; clamp at column 0.
+        shifted = batch.segment_starts[row, src].astype(np.int64) - old + new
+        starts[row, dst] = np.maximum(shifted, 0)
+        fill[row] += n
+        placed.append((int(j), row, new))
+    order = {j: (row, new, int(keep[j])) for j, row, new in placed}
+    cells = _Cells(
+        inputs=inputs,
+        targets=targets,
+        positions=positions,
+        segment_starts=starts,
+        valid_lengths=fill.astype(np.int32),
+        eligible=eligible,
+    )
+    return cells, [order[j] for j in range(len(occ))]
+
+
+def audit(
+    batch: Any,
+    *,
+    config: DecoderConfig | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    examples: Any = None,
+) -> AuditReport:
+    """Compare packed and separate execution of ``batch`` under the reference decoder.
+
+    Args:
+        batch: a :class:`~streampack.batch.PackedBatch`.
+        config: decoder profile, :meth:`DecoderConfig.small` by default. Its vocabulary
+            size is replaced by the batch binding's, since the audit decoder is untrained
+            and only has to read the batch's tokens.
+        seed: parameter seed of the untrained decoder.
+        device: ``"cpu"`` or ``"cuda"`` for the packed attention kernels.
+        examples: optionally the ``Examples`` the batch was packed from (occurrence
+            ordinals index it); then the separate runs read the source tokens.
+    """
+    config = config or DecoderConfig.small()
+    if config.vocab_size != batch.binding.vocab_size:
+        config = dataclasses.replace(config, vocab_size=int(batch.binding.vocab_size))
+    occ = batch.occurrences
+    if len(occ) == 0:
+        return AuditReport(
+            passed=True,
+            max_logit_diff=0.0,
+            max_loss_diff=0.0,
+            max_grad_diff=0.0,
+            comparisons=0,
+            occurrences=0,
+            cropped=0,
+            max_positions=config.max_positions,
+            notes=("no occurrences: nothing to compare",),
+        )
+    decoder = Decoder.init(config, seed)
+    lengths = (occ["stop"] - occ["start"]).astype(np.int64)
+    keep = np.minimum(lengths, config.max_positions)
+    cropped = int(np.count_nonzero(keep < lengths))
+    cells, placement = _cropped_cells(batch, keep)
+    sources = _occurrence_sequences(batch, examples)
+    sequences = [seq[: int(k) + 1] for seq, k in zip(sources, keep, strict=True)]
+
+    comparison = Comparison()
+    packed_logits = decoder._scatter(cells, decoder._forward(cells, device=device))
+    for seq in sequences:
+        decoder._check_tokens(seq, "audited occurrence")
+    separate_cells = [_single_cells(seq) for seq in sequences]
+    for j, (row, new, n) in enumerate(placement):
+        alone = decoder._scatter(separate_cells[j], decoder._forward(separate_cells[j]))[0]
+        comparison.add_logits(
+            packed_logits[row, new : new + n], alone, f"occurrence {int(occ['ordinal'][j])}"
+        )
+    packed = decoder._loss_and_grad(cells, device=device)
+    separate = decoder._sum_loss_and_grad(separate_cells)
+    comparison.add_loss(packed, separate)
+    return AuditReport(
+        passed=comparison.passed,
+        max_logit_diff=comparison.max_logit_diff,
+        max_loss_diff=comparison.max_loss_diff,
+        max_grad_diff=comparison.max_grad_diff,
+        comparisons=comparison.comparisons,
+        occurrences=int(len(occ)),
+        cropped=cropped,
+        max_positions=config.max_positions,
+        notes=tuple(comparison.notes[:8]),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Full three-way comparison (equivalence suite and trace)
+# ---------------------------------------------------------------------------------------
+
+
+def select_examples(examples: Examples, ordinals: np.ndarray) -> Examples:
+    """The examples at ``ordinals``, in that order, over the same token buffer."""
+    ordinals = np.asarray(ordinals, dtype=np.int64)
+    return Examples(
+        tokens=examples.tokens,
+        offsets=examples.offsets,
+        doc=examples.doc[ordinals],
+        start=examples.start[ordinals],
+        stop=examples.stop[ordinals],
+        source_id=examples.source_id[ordinals],
+        example_id=examples.example_id[ordinals],
+    )
+
+
+@dataclass
+class Equivalence:
+    """The two comparisons against separate execution, and the three raw loss sums."""
+
+    packed_vs_separate: Comparison
+    padded_vs_separate: Comparison
+    loss_sums: dict[str, float]
+
+    @property
+    def passed(self) -> bool:
+        return self.packed_vs_separate.passed and self.padded_vs_separate.passed
+
+
+def compare_executions(
+    decoder: Decoder,
+    examples: Examples,
+    batch: PackedBatch,
+    *,
+    device: str = "cpu",
+    _causal_prefix: bool | frozenset[int] = False,
+) -> Equivalence:
+    """Packed vs separate and padded vs separate execution of one batch's occurrences.
+
+    ``examples`` are the examples given to ``pack_examples`` (occurrence ordinals index
+    them). Separate and padded runs read the examples directly, never the batch, so a
+    packing mistake cannot cancel out. ``_causal_prefix`` widens the packed run's key
+    ranges to the whole row prefix; it exists to show that this breaks equivalence.
+    """
+    occ = batch.occurrences
+    subset = select_examples(examples, occ["ordinal"])
+    separate_logits = decoder.forward_separate(subset)
+    separate = decoder.loss_and_grad_separate(subset)
+
+    packed_cells = decoder._cells_from_batch(batch)
+    packed_trace = decoder._forward(packed_cells, device=device, causal_prefix=_causal_prefix)
+    packed_logits = decoder._scatter(packed_cells, packed_trace)
+    packed = decoder._loss_and_grad(packed_cells, device=device, causal_prefix=_causal_prefix)
+
+    padded_logits = decoder.forward_padded(subset)
+    padded = decoder.loss_and_grad_padded(subset)
+
+    vs_packed, vs_padded = Comparison(), Comparison()
+    for j, rec in enumerate(occ):
+        row, start, stop = int(rec["row"]), int(rec["start"]), int(rec["stop"])
+        what = f"occurrence {int(rec['ordinal'])}"
+        vs_packed.add_logits(packed_logits[row, start:stop], separate_logits[j], what)
+        length = separate_logits[j].shape[0]
+        vs_padded.add_logits(padded_logits[j, :length], separate_logits[j], what)
+    vs_packed.add_loss(packed, separate)
+    vs_padded.add_loss(padded, separate)
+    return Equivalence(
+        packed_vs_separate=vs_packed,
+        padded_vs_separate=vs_padded,
+        loss_sums={
+            "separate": separate.loss_sum,
+            "padded": padded.loss_sum,
+            "packed": packed.loss_sum,
+        },
+    )
+
+
+TRACE_DECIMALS = 6
+DIFF_DECIMALS = 12
+
+
+def decoder_trace(
+    examples: Examples,
+    batch: PackedBatch,
+    *,
+    config: DecoderConfig | None = None,
+    seed: int = 42,
+) -> dict[str, Any]:
+    """The ``decoder`` section of ``streampack trace`` for one packed batch.
+
+    Runs the large profile (seed 42) separately, padded and packed over the batch's
+    occurrences and reports the three loss sums, how many values each comparison
+    checked, the largest differences (rounded to 12 decimals, as the exact figures
+    depend on the BLAS summation order) and the attention bookkeeping: storage cells,
+    dense score positions per head, permitted edges and the share of valid cells.
+    """
+    config = config or DecoderConfig.large(vocab_size=int(batch.binding.vocab_size))
+    decoder = Decoder.init(config, seed)
+    result = compare_executions(decoder, examples, batch)
+    sums = result.loss_sums
+    vs_packed = result.packed_vs_separate
+    vs_padded = result.padded_vs_separate
+    lengths = (batch.occurrences["stop"] - batch.occurrences["start"]).astype(np.int64)
+    cells = batch.rows * batch.capacity
+    valid = int(batch.valid_lengths.sum())
+    dense = batch.rows * batch.capacity**2
+    edges = int((lengths * (lengths + 1) // 2).sum())
+    comparisons = [vs_packed, vs_padded]
+    return {
+        "profile": {
+            "vocab_size": config.vocab_size,
+            "width": config.width,
+            "heads": config.heads,
+            "ff_width": config.ff_width,
+            "layers": config.layers,
+            "max_positions": config.max_positions,
+            "parameters": config.parameter_count(),
+            "seed": seed,
+        },
+        "loss_sums": {name: round(value, TRACE_DECIMALS) for name, value in sums.items()},
+        "targets": int(np.count_nonzero(batch.loss_mask)),
+        "comparisons": {
+            "logits_per_comparison": vs_packed.logits,
+            "gradient_coordinates_per_comparison": vs_packed.gradient_coordinates,
+            "logits_total": sum(c.logits for c in comparisons),
+            "gradient_coordinates_total": sum(c.gradient_coordinates for c in comparisons),
+        },
+        "max_abs_diff": {
+            name: {
+                "logits": round(c.max_logit_diff, DIFF_DECIMALS),
+                "loss": round(c.max_loss_diff, DIFF_DECIMALS),
+                "gradients": round(c.max_grad_diff, DIFF_DECIMALS),
+            }
+            for name, c in (("packed_vs_separate", vs_packed), ("padded_vs_separate", vs_padded))
+        },
+        "passed": all(c.passed for c in comparisons),
+        "attention_counts": {
+            "cells": cells,
+            "valid_cells": valid,
+            "dense_score_positions_per_head": dense,
+            "permitted_edges": edges,
+            "valid_density": round(valid / cells, TRACE_DECIMALS) if cells else 0.0,
+            "edge_density": round(edges / dense, TRACE_DECIMALS) if dense else 0.0,
+        },
+    }
