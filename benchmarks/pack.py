@@ -1,0 +1,163 @@
+"""Packing throughput: pack_examples beside a copy bound and simpler packers, in one run.
+
+Corpus: documents with lengths clip(lognormal(5, 1), 2, 2048) (seeded), capacity 2048,
+16 rows per batch. Every figure is million real tokens (prediction pairs) per second
+from columnar Examples to finished batches; ratios are against the copy bound, which
+allocates fresh arrays of the same output bytes and copies into them (any packer must
+at least produce that many fresh bytes).
+
+    .venv/bin/python benchmarks/pack.py [--documents 500000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+import streampack as sp
+from streampack.batch import BYTES_PER_CELL, CELL_DTYPES
+from streampack.kernels.pack_cpu import fill_rows, plan_next_fit
+from streampack.reference.packing import reference_pack
+
+CAPACITY, ROWS_PER_BATCH = 2048, 16
+
+
+def corpus(documents: int, seed: int = 0) -> sp.Examples:
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(5.0, 1.0, documents), 2, CAPACITY + 1).astype(np.int64)
+    offsets = np.zeros(documents + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.int32)
+    return sp.Examples(tokens=tokens, offsets=offsets, doc=np.arange(documents),
+                       start=np.zeros(documents, np.int64), stop=lengths)
+
+
+def best_of(repeats: int, run) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - t0)
+        del result
+    return min(times)
+
+
+def copy_bound(cells: int) -> callable:
+    """Allocate fresh output arrays of the packer's byte count and copy a source into them."""
+    source = np.ones(cells * BYTES_PER_CELL, np.uint8)
+
+    def run():
+        out = np.empty_like(source)
+        np.copyto(out, source)
+        return out
+
+    return run
+
+
+def python_next_fit(examples: sp.Examples) -> callable:
+    """Per-document Python next-fit with numpy slice writes: the obvious fast-ish packer."""
+    lengths = examples.prediction_lengths.tolist()
+    starts = (examples.offsets[examples.doc] + examples.start).tolist()
+    tokens = examples.tokens
+
+    def run():
+        rows, used, placements = 0, CAPACITY, []
+        for length in lengths:
+            if length > CAPACITY - used:
+                rows, used = rows + 1, 0
+            placements.append((rows - 1, used))
+            used += length
+        shape = (rows, CAPACITY)
+        out = {name: np.empty(shape, dtype) for name, dtype in CELL_DTYPES.items()}
+        for name, fill in (("inputs", -1), ("targets", -1), ("segments", -1), ("positions", 0),
+                           ("input_valid", False), ("target_valid", False),
+                           ("loss_mask", False), ("segment_starts", -1)):
+            out[name].fill(fill)
+        ramp = np.arange(CAPACITY, dtype=np.int32)
+        for i, ((r, c), length, s) in enumerate(zip(placements, lengths, starts)):
+            out["inputs"][r, c : c + length] = tokens[s : s + length]
+            out["targets"][r, c : c + length] = tokens[s + 1 : s + 1 + length]
+            out["segments"][r, c : c + length] = i
+            out["positions"][r, c : c + length] = ramp[:length]
+            out["input_valid"][r, c : c + length] = True
+            out["target_valid"][r, c : c + length] = True
+            out["loss_mask"][r, c : c + length] = True
+            out["segment_starts"][r, c : c + length] = c
+        return out
+
+    return run
+
+
+def prefaulted_fill(examples: sp.Examples) -> tuple[callable, int]:
+    """The compiled fill into arrays whose pages are already mapped: compute without faults."""
+    lengths = examples.prediction_lengths
+    row_of, column_of = np.empty_like(lengths), np.empty_like(lengths)
+    rows = int(plan_next_fit(lengths, CAPACITY, row_of, column_of))
+    row_first = np.searchsorted(row_of, np.arange(rows + 1))
+    out = {name: np.zeros((rows, CAPACITY), d) for name, d in CELL_DTYPES.items()}
+    valid_lengths = np.zeros(rows, np.int32)
+
+    def run():
+        fill_rows(examples.tokens, examples.offsets, examples.doc, examples.start, examples.stop,
+                  row_first, *out.values(), valid_lengths)
+
+    return run, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=500_000)
+    parser.add_argument("--reference-documents", type=int, default=2_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    examples = corpus(args.documents)
+    binding = sp.Binding(50_000, "synthetic", "bench", "train")
+    config = sp.PackConfig(capacity=CAPACITY, max_rows_per_batch=ROWS_PER_BATCH,
+                           max_metadata_bytes=1 << 40)
+    tokens = int(examples.prediction_lengths.sum())
+    sp.pack_examples(corpus(100), binding, config)  # compile or load the cache
+
+    epoch = sp.pack_examples(examples, binding, config)
+    rows = epoch.row_count
+    del epoch
+    cells = rows * CAPACITY
+
+    seconds = {"pack_examples": best_of(args.repeats, lambda: sp.pack_examples(
+        examples, binding, config))}
+    seconds["copy_bound"] = best_of(args.repeats, copy_bound(cells))
+    fill, _ = prefaulted_fill(examples)
+    fill()
+    seconds["fill_prefaulted"] = best_of(args.repeats, fill)
+    del fill
+    seconds["python_numpy_next_fit"] = best_of(1, python_next_fit(examples))
+    subset = corpus(args.reference_documents)
+    subset_tokens = int(subset.prediction_lengths.sum())
+    reference_seconds = best_of(1, lambda: reference_pack(subset, binding, config))
+
+    rate = {name: tokens / s / 1e6 for name, s in seconds.items()}
+    rate["reference_python"] = subset_tokens / reference_seconds / 1e6
+    print(json.dumps({
+        "documents": args.documents,
+        "real_tokens": tokens,
+        "rows": rows,
+        "batches": -(-rows // ROWS_PER_BATCH),
+        "fill_ratio": tokens / cells,
+        "output_bytes": cells * BYTES_PER_CELL,
+        "threads": int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)),
+        "million_tokens_per_s": {k: round(v, 1) for k, v in rate.items()},
+        "ratio_to_copy_bound": {
+            k: round(v / rate["copy_bound"], 3) for k, v in rate.items() if k != "copy_bound"
+        },
+        "pack_examples_vs_python_numpy": round(rate["pack_examples"]
+                                               / rate["python_numpy_next_fit"], 1),
+        "pack_examples_vs_reference": round(rate["pack_examples"] / rate["reference_python"], 1),
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
