@@ -6,7 +6,6 @@ and allocates every output, so nothing here can fail on user data.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 
