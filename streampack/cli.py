@@ -14,6 +14,12 @@ import sys
 # (name, module, one-line help). Add a subcommand by adding a row.
 COMMANDS: list[tuple[str, str, str]] = [
     ("trace", "streampack.trace", "print the JSON trace of the worked example"),
+    ("produce", "workers.producer", "run the producer: cut windows, order batches, serve ranks"),
+    ("worker", "workers.worker", "run a pack worker connected to a producer"),
+    ("serve", "workers.serve", "run the producer and N local pack workers under a supervisor"),
+    ("consume", "workers.consume", "drain one rank's stream; print throughput and a digest"),
+    ("digest", "workers.digest", "compute in process the digest `consume` prints"),
+    ("health", "workers.health", "ask a producer whether it is serving (exit 0) or not (1)"),
 ]
 
 
