@@ -1,0 +1,284 @@
+"""The trainer-side client: ``BatchStream`` yields this rank's packed batches in order.
+
+Rank ``r`` of ``W`` receives global batches ``r, r + W, r + 2W, ...`` of each epoch;
+at an epoch's end every rank has received the same number (the producer fills the tail
+with all-padding batches flagged ``filler``, or drops it, as configured), then the
+stream moves to the next epoch, until the producer's last epoch.
+
+    with BatchStream("tcp://127.0.0.1:5556", rank=0, world_size=2) as stream:
+        for batch in stream:
+            train_step(batch.to_torch(device="cuda", pin_memory=True))
+            if time_to_checkpoint:
+                save(stream.state_dict())     # {"epoch": e, "index": g}
+
+    stream.load_state_dict(saved)             # resume: the rest of the same stream
+
+How it fetches: the client keeps up to ``prefetch`` fetch requests outstanding (fewer
+when the batches already held reach ``prefetch_bytes``), each naming the exact
+(epoch, global index) it wants, and puts answers back in order. Requests are
+idempotent, so a reconnect or a restart never skips or repeats a batch: the cursor is
+the whole state. The producer replays whatever it has already forgotten.
+
+``StreamDigest`` defines the digest ``streampack consume`` and ``streampack digest``
+print: SHA-256 over, per batch in order, ``epoch`` and ``index`` (little-endian
+int64), the filler flag (one byte), every array of ``PackedBatch.ARRAY_FIELDS`` and
+the occurrence records, as little-endian C-order bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import zmq
+
+from streampack import wire
+from streampack.errors import ProtocolError, StreampackError
+
+
+class StreamTimeout(StreampackError, TimeoutError):
+    """No answer from the producer within the client's timeout."""
+
+
+class StreamDigest:
+    """A running SHA-256 over everything a rank received, in order (see module doc)."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self.batches = 0
+        self.fillers = 0
+        self.tokens = 0
+
+    def update(self, batch: Any, epoch: int, index: int) -> None:
+        h = self._hash
+        h.update(struct.pack("<qq?", epoch, index, bool(batch.filler)))
+        for name in batch.ARRAY_FIELDS:
+            array = getattr(batch, name)
+            h.update(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).data)
+        h.update(np.ascontiguousarray(batch.occurrences).data)
+        self.batches += 1
+        self.fillers += int(bool(batch.filler))
+        self.tokens += int(np.asarray(batch.valid_lengths).sum())
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+class BatchStream:
+    """An iterator of ``PackedBatch`` for one rank, fetched from a producer.
+
+    Args:
+        endpoint: the producer's consumer endpoint, e.g. ``tcp://127.0.0.1:5556``.
+        rank, world_size: this process's place in the job, ``0 <= rank < world_size``.
+        binding: the ``Binding`` this rank expects; a batch with another raises
+            ``BindingMismatch`` (rule C9). ``None`` accepts the producer's.
+        prefetch: most batches requested ahead.
+        prefetch_bytes: most bytes of batches held ahead (bounds memory with big batches).
+        timeout: seconds to wait for the next batch before ``StreamTimeout``.
+        max_message_bytes: largest frame accepted (``zmq.MAXMSGSIZE``).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        rank: int,
+        world_size: int,
+        binding: Any = None,
+        prefetch: int = 4,
+        prefetch_bytes: int = 256 << 20,
+        timeout: float = 60.0,
+        max_message_bytes: int = 256 << 20,
+    ) -> None:
+        for name, value, low in (("world_size", world_size, 1), ("prefetch", prefetch, 1),
+                                 ("prefetch_bytes", prefetch_bytes, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise StreampackError(f"{name} = {value!r} must be an int >= {low}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise StreampackError(f"rank = {rank!r} must be an int in 0..{world_size - 1}")
+        if not timeout > 0:
+            raise StreampackError(f"timeout = {timeout!r} must be > 0 seconds")
+        self.endpoint = endpoint
+        self.rank = rank
+        self.world_size = world_size
+        self.binding = binding
+        self.prefetch = prefetch
+        self.prefetch_bytes = prefetch_bytes
+        self.timeout = timeout
+        self.limits = wire.WireLimits(max_frame_bytes=max_message_bytes)
+        self._max_message_bytes = max_message_bytes
+        self._context: zmq.Context | None = None
+        self._socket: zmq.Socket | None = None
+        self._epoch = 0
+        self._index = rank  # next global index this rank yields
+        self._requested: list[int] = []  # indices of the current epoch asked for, in order
+        self._held: dict[int, Any] = {}
+        self._held_bytes = 0
+        self._batch_bytes = 0  # size of the last batch, to bound prefetch by bytes
+        self._finished = False
+        self._limit: int | None = None  # this epoch's end for this rank, once known
+        self.last_epoch_end: dict[str, int] | None = None
+
+    # -- state ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, int]:
+        """The cursor: the next batch this rank will yield."""
+        return {"epoch": self._epoch, "index": self._index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from ``state`` (from ``state_dict``); drops anything prefetched."""
+        epoch, index = state.get("epoch"), state.get("index")
+        if (
+            not isinstance(epoch, int)
+            or not isinstance(index, int)
+            or epoch < 0
+            or index < 0
+            or index % self.world_size != self.rank
+        ):
+            raise StreampackError(
+                f"state {state!r} is not a cursor of rank {self.rank} of {self.world_size}: "
+                f"expected epoch >= 0 and index = {self.rank} mod {self.world_size}"
+            )
+        self._epoch, self._index = epoch, index
+        self._finished = False
+        self._reset_socket()
+
+    # -- socket ---------------------------------------------------------------------
+
+    def _reset_socket(self) -> None:
+        """A fresh identity, so answers to requests made before cannot be mistaken."""
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+        self._requested.clear()
+        self._held.clear()
+        self._held_bytes = 0
+        self._limit = None
+
+    def _ensure_socket(self) -> zmq.Socket:
+        if self._socket is None:
+            if self._context is None:
+                self._context = zmq.Context()
+            socket = self._context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.ROUTING_ID, f"c{self.rank}-{uuid.uuid4().hex[:12]}".encode())
+            wire.configure_socket(socket, self._max_message_bytes)
+            socket.connect(self.endpoint)
+            self._socket = socket
+        return self._socket
+
+    def close(self) -> None:
+        self._reset_socket()
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+
+    def __enter__(self) -> BatchStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- iteration ------------------------------------------------------------------
+
+    def _request_more(self, socket: zmq.Socket) -> None:
+        next_index = self._requested[-1] + self.world_size if self._requested else self._index
+        while (
+            len(self._requested) < self.prefetch
+            and (self._limit is None or next_index < self._limit)
+            and (
+            not self._requested
+            or self._held_bytes + self._batch_bytes * len(self._requested) < self.prefetch_bytes)
+        ):
+            fields = {"rank": self.rank, "world_size": self.world_size,
+                      "epoch": self._epoch, "index": next_index}
+            socket.send_multipart(wire.encode("fetch", fields), copy=False)
+            self._requested.append(next_index)
+            next_index += self.world_size
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            try:
+                batch = self.next_batch()
+            except StopIteration:
+                return
+            yield batch
+
+    def __next__(self) -> Any:
+        return self.next_batch()
+
+    def next_batch(self) -> Any:
+        """The next batch of this rank; ``StopIteration`` after the producer's last epoch."""
+        if self._finished:
+            raise StopIteration
+        socket = self._ensure_socket()
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self._index in self._held:
+                batch = self._held.pop(self._index)
+                self._held_bytes -= self._nbytes(batch)
+                self._requested.remove(self._index)
+                self.current = (self._epoch, self._index)
+                self._index += self.world_size
+                return batch
+            if self._limit is not None and self._index >= self._limit:
+                self._epoch += 1
+                self._index = self.rank
+                self._limit = None
+                self._requested.clear()
+                self._held.clear()
+                self._held_bytes = 0
+                continue
+            self._request_more(socket)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not socket.poll(int(remaining * 1000) + 1, zmq.POLLIN):
+                raise StreamTimeout(
+                    f"rank {self.rank}: no answer from {self.endpoint} within {self.timeout}s "
+                    f"for epoch {self._epoch} batch {self._index}; is the producer running?"
+                )
+            frames = socket.recv_multipart(copy=False)
+            message = wire.decode(frames, self.limits)
+            if self._handle(message):
+                self._finished = True
+                raise StopIteration
+
+    @staticmethod
+    def _nbytes(batch: Any) -> int:
+        return sum(int(getattr(batch, n).nbytes) for n in batch.ARRAY_FIELDS)
+
+    def _handle(self, message: wire.Message) -> bool:
+        """Take one answer; True when the stream has ended."""
+        kind, f = message.kind, message.fields
+        if kind == "batch":
+            if f["epoch"] != self._epoch or f["index"] not in self._requested:
+                return False  # an answer to a request from before a reset
+            batch = wire.batch_from_message(message)
+            if self.binding is not None:
+                batch.check_binding(self.binding)
+            if f["index"] not in self._held:
+                self._held[f["index"]] = batch
+                size = self._nbytes(batch)
+                self._held_bytes += size
+                self._batch_bytes = size
+            return False
+        if kind == "epoch_end":
+            if f["epoch"] == self._epoch:
+                self._limit = f["per_rank"] * self.world_size
+                self._requested = [i for i in self._requested if i < self._limit]
+                self.last_epoch_end = dict(f)
+            return False
+        if kind == "stream_end":
+            return True
+        if kind == "error":
+            raise ProtocolError(f"producer at {self.endpoint} rejected a request: {f['message']}")
+        raise ProtocolError(f"unexpected {kind!r} message from the producer at {self.endpoint}")

@@ -1,0 +1,108 @@
+"""``streampack digest``: what one rank would receive, computed in this process.
+
+No sockets, no workers: the same windows (``sources.iter_windows``), the same
+``pack_examples`` call per window (``worker.pack_window``), the same global numbering
+and epoch-tail rule as the producer. The printed JSON line has the fields of
+``streampack consume``'s final line, so a deployment can be checked end to end by
+comparing the two ``digest`` values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from streampack import PackConfig, PackedBatch
+from streampack.client import StreamDigest
+from streampack.settings import ProducerSettings, add_flags, from_args
+from streampack.sources import CutSpec, iter_windows, open_corpus
+from workers.worker import pack_window
+
+
+def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterator[PackedBatch]:
+    """The global batch sequence of one epoch, in order."""
+    binding = source.binding.to_binding()
+    config = PackConfig(
+        capacity=settings.capacity,
+        max_rows_per_batch=settings.max_rows_per_batch,
+        max_cells=settings.max_cells,
+        max_metadata_bytes=settings.max_metadata_bytes,
+    )
+    for window in iter_windows(source, epoch, CutSpec.from_settings(settings)):
+        if len(window.start) == 0:
+            continue
+        _, batches = pack_window(window.arrays(), binding, config)
+        yield from batches
+
+
+def rank_stream(
+    settings: ProducerSettings, rank: int, world_size: int
+) -> Iterator[tuple[int, int, PackedBatch]]:
+    """(epoch, global index, batch) of everything rank ``rank`` receives, in order."""
+    source = open_corpus(settings.corpus)
+    binding = source.binding.to_binding()
+    epoch = 0
+    while settings.epochs == 0 or epoch < settings.epochs:
+        held: collections.deque[tuple[int, PackedBatch]] = collections.deque()
+        total = 0
+        for index, batch in enumerate(epoch_batches(settings, source, epoch)):
+            total = index + 1
+            if index % world_size == rank:
+                held.append((index, batch))
+            # A held batch is certainly inside the rank's share once W more exist.
+            while held and (settings.tail == "fill" or held[0][0] + world_size <= total):
+                g, b = held.popleft()
+                yield epoch, g, b
+        if settings.tail == "fill":
+            per_rank = -(-total // world_size)
+        else:
+            per_rank = total // world_size
+        limit = per_rank * world_size
+        for g, b in held:
+            if g < limit:
+                yield epoch, g, b
+        for g in range(rank, limit, world_size):
+            if g >= total:
+                yield epoch, g, PackedBatch.filler_like(
+                    binding, settings.max_rows_per_batch, settings.capacity
+                )
+        epoch += 1
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML settings file; its [producer] table is read")
+    parser.add_argument("--rank", type=int, default=0, help="rank (default: 0)")
+    parser.add_argument("--world-size", type=int, default=1, help="ranks (default: 1)")
+    parser.add_argument(
+        "--max-batches", type=int, default=None,
+        help="stop after this many batches (required when epochs = 0)",
+    )
+    add_flags(parser, ProducerSettings, skip=("worker_endpoint", "consumer_endpoint"))
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = from_args(ProducerSettings, args)
+    if settings.corpus is None:
+        raise SystemExit("streampack digest: --corpus PATH (or [producer] corpus) is required")
+    if settings.epochs == 0 and args.max_batches is None:
+        raise SystemExit("streampack digest: epochs = 0 is unbounded; give --max-batches N")
+    digest = StreamDigest()
+    state = {"epoch": settings.epochs, "index": args.rank}
+    for epoch, index, batch in rank_stream(settings, args.rank, args.world_size):
+        if args.max_batches is not None and digest.batches >= args.max_batches:
+            state = {"epoch": epoch, "index": index}
+            break
+        digest.update(batch, epoch, index)
+    print(json.dumps({
+        "rank": args.rank,
+        "world_size": args.world_size,
+        "batches": digest.batches,
+        "fillers": digest.fillers,
+        "tokens": digest.tokens,
+        "digest": digest.hexdigest(),
+        "state": state,
+    }), flush=True)
+    return 0

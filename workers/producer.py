@@ -1,0 +1,703 @@
+"""``streampack produce``: cut the corpus into windows, collect packed batches, serve ranks.
+
+One thread, one ``zmq.Poller`` over two ROUTER sockets::
+
+    worker endpoint  (ROUTER) <- ready / heartbeat / packed / done / failed
+                              -> window
+    consumer endpoint (ROUTER) <- fetch{rank, world_size, epoch, index} / health
+                               -> batch / epoch_end / stream_end / status / error
+
+The pipeline, for epoch e (windows numbered 0, 1, ... by ``sources.iter_windows``)::
+
+    cut ──▶ in flight {(e, w): window, worker, batches so far}
+              │ complete (done + every batch)
+              ▼
+    assemble in window order: global index g = batches of windows < w + batch
+              ▼
+    ready {(e, g): frames}  ──fetch(e, g) from rank g % W──▶  sent, then forgotten
+
+Properties and how they hold:
+
+- *Order and determinism.* Windows depend on the corpus and settings only; each is
+  packed alone; the assembler numbers batches in window order. Which worker packed
+  what, and when, cannot show in the output.
+- *Exactly once.* A result is identified by (epoch, window, batch): one that is not
+  awaited (a duplicate from a reissued window, or stale after a rewind) is dropped.
+- *Worker failure.* A worker silent for ``heartbeat_timeout`` loses its windows; they
+  are reissued, lowest first. A window that fails three times, or whose worker reports
+  ``failed``, is quarantined whole (its documents are written to the quarantine file)
+  and counts as zero batches, so the stream goes on.
+- *Resume.* A rank's cursor (epoch, next index) is all it needs: a fetch for a batch
+  that was already sent and forgotten *rewinds* the pipeline to the window holding it
+  (found from the per-window batch counts of that epoch, or window 0 of the epoch for
+  a fresh producer) and replays; replayed batches another rank has already passed
+  (below its floor) are dropped on arrival.
+- *Epoch tail.* Once an epoch's total T is known each rank gets ``ceil(T / W)``
+  batches (``tail = "fill"``: indices T.. are all-padding batches flagged ``filler``)
+  or ``floor(T / W)`` (``tail = "drop"``); a fetch past that gets ``epoch_end``.
+- *Bounded memory.* A new window is cut only while the windows in flight hold at most
+  ``window_budget_bytes`` and the assembled-but-unsent batches at most
+  ``reorder_budget_bytes``. Results of windows already in flight are always accepted,
+  so the reorder buffer can exceed its budget by at most the output of the windows in
+  flight (at most ``window_budget_bytes``-worth of windows, each bounded by
+  ``window_tokens``). ZeroMQ queues stay small because both directions are
+  credit-based (workers ask for windows, consumers ask for batches).
+- *Bad messages.* Anything ``wire.decode`` rejects, or a valid message of the wrong
+  kind or with out-of-range values, is counted (``rejected_*``) and, where it came
+  with an identity, answered with ``error``. The loop never dies of a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import dataclasses
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+import zmq
+
+from streampack import PackedBatch, wire
+from streampack.errors import InvalidConfig, ProtocolError
+from streampack.settings import ProducerSettings, add_flags, from_args
+from streampack.sources import CutSpec, Window, iter_windows, open_corpus
+
+MAX_ATTEMPTS = 3
+MAX_PENDING_PER_CONSUMER = 1024
+
+
+@dataclasses.dataclass
+class _InFlight:
+    window: Window
+    frames: list[Any]
+    worker: bytes | None = None
+    attempts: int = 0
+    batches: dict[int, wire.Message] = dataclasses.field(default_factory=dict)
+    expected: int | None = None
+    batch_bytes: int = 0
+
+
+@dataclasses.dataclass
+class _Worker:
+    credit: int
+    last_seen: float
+    windows: set[tuple[int, int]] = dataclasses.field(default_factory=set)
+
+
+def message_bytes(message: wire.Message) -> int:
+    return sum(int(a.nbytes) for a in message.arrays.values())
+
+
+class Producer:
+    """The producer's state machine; ``run()`` serves until ``stop()``."""
+
+    def __init__(self, settings: ProducerSettings, *, log: Any = None) -> None:
+        if settings.corpus is None:
+            raise InvalidConfig(
+                "corpus is not set; pass --corpus PATH or set corpus in the [producer] table"
+            )
+        self.settings = settings
+        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        self.source = open_corpus(settings.corpus)
+        self.binding = self.source.binding.to_binding()
+        self.binding_wire = wire.binding_to_wire(self.binding)
+        self.spec = CutSpec.from_settings(settings)
+        self.pack_config = {
+            "capacity": settings.capacity,
+            "max_rows_per_batch": settings.max_rows_per_batch,
+            "max_cells": settings.max_cells,
+            "max_metadata_bytes": settings.max_metadata_bytes,
+        }
+        self.limits = wire.WireLimits(max_frame_bytes=settings.max_message_bytes)
+        self.stopping = False
+        self.serving = False
+        self.stats: dict[str, Any] = collections.defaultdict(int)
+        self.quarantine_reasons: dict[str, int] = collections.defaultdict(int)
+        self._quarantine_file = (
+            open(settings.quarantine_path, "a") if settings.quarantine_path else None
+        )
+        self._quarantine_mark: dict[int, int] = {}  # epoch -> windows recorded
+
+        self.workers: dict[bytes, _Worker] = {}
+        self.inflight: dict[tuple[int, int], _InFlight] = {}
+        self.reissue: list[tuple[int, int]] = []  # sorted keys awaiting a worker
+        self.window_bytes = 0
+
+        # Cutter: the next window to cut.
+        self.cut_epoch = 0
+        self.cut_next = 0
+        self._cutter: Any = None
+        self.windows_in_epoch: dict[int, int] = {}
+
+        # Assembler: the next window to number, and the next global index.
+        self.asm_epoch = 0
+        self.asm_window = 0
+        self.asm_index = 0
+        self.counts: dict[int, list[int]] = {}  # epoch -> batches per assembled window
+        self.totals: dict[int, int] = {}  # epoch -> batches in the epoch
+
+        self.ready: dict[tuple[int, int], tuple[wire.Message, int, int]] = {}
+        self.reorder_bytes = 0
+
+        self.world_size: int | None = None
+        self.floors: dict[int, tuple[int, int]] = {}
+        self.pending: dict[tuple[int, int], list[bytes]] = {}
+        self.pending_count: dict[bytes, int] = collections.defaultdict(int)
+        self.started = False
+        self._filler_frames: list[Any] | None = None
+
+    # ------------------------------------------------------------------ cutting
+
+    def _reset_cutter(self, epoch: int, window: int) -> None:
+        self.cut_epoch = epoch
+        self.cut_next = window
+        self._cutter = iter_windows(self.source, epoch, self.spec, start_window=window)
+
+    def _epoch_live(self, epoch: int) -> bool:
+        return self.settings.epochs == 0 or epoch < self.settings.epochs
+
+    def _cut_one(self) -> Window | None:
+        """The next window of the pipeline, moving to the next epoch at an epoch's end."""
+        while self._epoch_live(self.cut_epoch):
+            if self._cutter is None:
+                self._reset_cutter(self.cut_epoch, self.cut_next)
+            window = next(self._cutter, None)
+            if window is not None:
+                self.cut_next = window.index + 1
+                self._record_quarantine(window)
+                return window
+            self.windows_in_epoch[self.cut_epoch] = self.cut_next
+            self._reset_cutter(self.cut_epoch + 1, 0)
+            self._try_assemble()
+        return None
+
+    def _record_quarantine(self, window: Window) -> None:
+        mark = self._quarantine_mark.get(window.epoch, 0)
+        if window.index < mark:
+            return  # replayed after a rewind; already recorded
+        self._quarantine_mark[window.epoch] = window.index + 1
+        self._quarantine(window.quarantined)
+
+    def _quarantine(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self.stats["quarantined"] += 1
+            self.quarantine_reasons[record["reason"]] += 1
+            if self._quarantine_file is not None:
+                self._quarantine_file.write(json.dumps(record) + "\n")
+        if records and self._quarantine_file is not None:
+            self._quarantine_file.flush()
+
+    def _can_cut(self) -> bool:
+        if not self.started or self.reissue:
+            return False
+        if not self._epoch_live(self.cut_epoch):
+            return False
+        if self.reorder_bytes >= self.settings.reorder_budget_bytes:
+            return False
+        return not self.inflight or self.window_bytes < self.settings.window_budget_bytes
+
+    # ------------------------------------------------------------------ workers
+
+    def _assign(self, socket: zmq.Socket) -> None:
+        """Hand windows to workers with credit: reissues first, then new cuts."""
+        for identity, worker in list(self.workers.items()):
+            while worker.credit > 0:
+                if self.reissue:
+                    key = self.reissue.pop(0)
+                    state = self.inflight.get(key)
+                    if state is None or state.worker is not None:
+                        continue
+                    self.stats["windows_reissued"] += 1
+                else:
+                    if not self._can_cut():
+                        return
+                    window = self._cut_one()
+                    if window is None:
+                        return
+                    self.stats["windows_cut"] += 1
+                    if len(window.start) == 0:
+                        self._complete_empty(window)
+                        continue
+                    key = (window.epoch, window.index)
+                    state = _InFlight(
+                        window=window,
+                        frames=wire.encode(
+                            "window",
+                            {
+                                "epoch": window.epoch,
+                                "window": window.index,
+                                "binding": self.binding_wire,
+                                "config": self.pack_config,
+                            },
+                            window.arrays(),
+                        ),
+                    )
+                    self.inflight[key] = state
+                    self.window_bytes += window.nbytes
+                    self.stats["window_bytes_peak"] = max(
+                        self.stats["window_bytes_peak"], self.window_bytes
+                    )
+                state.worker = identity
+                state.attempts += 1
+                worker.windows.add(key)
+                worker.credit -= 1
+                socket.send_multipart([identity, *state.frames], copy=False)
+                self.stats["windows_issued"] += 1
+
+    def _complete_empty(self, window: Window) -> None:
+        key = (window.epoch, window.index)
+        self.inflight[key] = _InFlight(window=window, frames=[], expected=0)
+        self.window_bytes += window.nbytes
+        self._try_assemble()
+
+    def _forget_worker(self, identity: bytes) -> None:
+        worker = self.workers.pop(identity, None)
+        if worker is None:
+            return
+        for key in worker.windows:
+            state = self.inflight.get(key)
+            if state is not None and state.worker == identity:
+                state.worker = None
+                if state.attempts >= MAX_ATTEMPTS:
+                    self._fail_window(key, f"{state.attempts} workers lost this window")
+                else:
+                    bisect.insort(self.reissue, key)
+
+    def _check_heartbeats(self) -> None:
+        deadline = time.monotonic() - self.settings.heartbeat_timeout
+        for identity, worker in list(self.workers.items()):
+            if worker.last_seen < deadline:
+                self.stats["workers_lost"] += 1
+                self.log(
+                    f"producer: worker {identity.hex()} silent for more than "
+                    f"{self.settings.heartbeat_timeout}s; reissuing {len(worker.windows)} "
+                    f"window(s)"
+                )
+                self._forget_worker(identity)
+
+    def _fail_window(self, key: tuple[int, int], error: str) -> None:
+        state = self.inflight.get(key)
+        if state is None:
+            return
+        self.stats["windows_failed"] += 1
+        window = state.window
+        self.log(f"producer: window {key} quarantined whole: {error}")
+        self._quarantine(
+            [
+                {
+                    "epoch": window.epoch,
+                    "window": window.index,
+                    "source_id": int(s),
+                    "example_id": int(x),
+                    "location": "",
+                    "reason": "pack_failed",
+                    "detail": error[:500],
+                }
+                for s, x in zip(window.source_id, window.example_id)
+            ]
+        )
+        self.reorder_bytes -= state.batch_bytes
+        state.batches.clear()
+        state.batch_bytes = 0
+        state.expected = 0
+        self._try_assemble()
+
+    def _on_worker(self, socket: zmq.Socket, frames: list[Any]) -> None:
+        identity = bytes(frames[0].bytes) if hasattr(frames[0], "bytes") else bytes(frames[0])
+        worker = self.workers.get(identity)
+        if worker is not None:
+            worker.last_seen = time.monotonic()
+        try:
+            message = wire.decode(frames[1:], self.limits)
+            self._worker_message(identity, worker, message)
+        except ProtocolError as exc:
+            self.stats["rejected_worker"] += 1
+            self.log(f"producer: rejected a worker message: {exc}")
+            socket.send_multipart(
+                [identity, *wire.encode("error", {"message": str(exc)[:1000]})], copy=False
+            )
+
+    def _worker_message(
+        self, identity: bytes, worker: _Worker | None, message: wire.Message
+    ) -> None:
+        kind, fields = message.kind, message.fields
+        if worker is None:
+            if kind not in ("ready", "heartbeat", "packed", "done", "failed"):
+                raise ProtocolError(f"{kind!r} is not a worker message")
+            worker = _Worker(credit=0, last_seen=time.monotonic())
+            self.workers[identity] = worker
+            self.stats["workers_joined"] += 1
+            if kind == "heartbeat":
+                worker.credit = min(max(fields["free"], 0), 64)
+        if kind == "ready":
+            if not 0 < fields["credit"] <= 64:
+                raise ProtocolError(f"credit {fields['credit']} is outside 1..64")
+            worker.credit = min(worker.credit + fields["credit"], 64)
+        elif kind == "heartbeat":
+            pass
+        elif kind == "packed":
+            self._on_packed(message)
+        elif kind == "done":
+            self._on_done(identity, worker, message)
+        elif kind == "failed":
+            key = (fields["epoch"], fields["window"])
+            worker.windows.discard(key)
+            if key in self.inflight and self.inflight[key].expected is None:
+                self._fail_window(key, fields["error"])
+        else:
+            raise ProtocolError(f"{kind!r} is not a worker message")
+
+    def _on_packed(self, message: wire.Message) -> None:
+        f = message.fields
+        key = (f["epoch"], f["window"])
+        state = self.inflight.get(key)
+        if state is None:
+            self.stats["stale_dropped"] += 1
+            return
+        inputs = message.arrays["inputs"]
+        if (
+            not 0 <= f["batch"] < f["batches"]
+            or inputs.ndim != 2
+            or inputs.shape[1] != self.settings.capacity
+            or not 0 < inputs.shape[0] <= self.settings.max_rows_per_batch
+        ):
+            raise ProtocolError(
+                f"packed batch {f['batch']}/{f['batches']} of window {key} with inputs "
+                f"{inputs.shape} does not fit capacity {self.settings.capacity} and "
+                f"max_rows_per_batch {self.settings.max_rows_per_batch}"
+            )
+        if f["batch"] in state.batches or state.expected == 0:
+            self.stats["duplicates_dropped"] += 1
+            return
+        size = message_bytes(message)
+        state.batches[f["batch"]] = message
+        state.batch_bytes += size
+        self.reorder_bytes += size
+        self.stats["reorder_bytes_peak"] = max(self.stats["reorder_bytes_peak"], self.reorder_bytes)
+        self.stats["batches_received"] += 1
+        if len(state.batches) == f["batches"]:
+            state.expected = f["batches"]
+            self._try_assemble()
+
+    def _on_done(self, identity: bytes, worker: _Worker, message: wire.Message) -> None:
+        f = message.fields
+        key = (f["epoch"], f["window"])
+        worker.windows.discard(key)
+        state = self.inflight.get(key)
+        if state is None:
+            return
+        if state.expected is None:
+            state.expected = f["batches"]
+            self.stats["audited"] += f["audited"]
+            self.stats["audit_failures"] += f["audit_failures"]
+            if f["audit_error"]:
+                self.log(f"producer: audit failures in window {key}: {f['audit_error']}")
+        self.stats["pack_seconds"] += f["seconds"]
+        self._try_assemble()
+
+    # ------------------------------------------------------------------ ordering
+
+    def _try_assemble(self) -> None:
+        """Number the batches of complete windows, in window order."""
+        while True:
+            total = self.windows_in_epoch.get(self.asm_epoch)
+            if total is not None and self.asm_window >= total:
+                self.totals[self.asm_epoch] = self.asm_index
+                self._drop_tail(self.asm_epoch)
+                self.asm_epoch += 1
+                self.asm_window = 0
+                self.asm_index = 0
+                if not self._epoch_live(self.asm_epoch):
+                    return
+                continue
+            key = (self.asm_epoch, self.asm_window)
+            state = self.inflight.get(key)
+            if state is None or state.expected is None or len(state.batches) < state.expected:
+                return
+            del self.inflight[key]
+            self.window_bytes -= state.window.nbytes
+            self.stats["windows_completed"] += 1
+            counts = self.counts.setdefault(self.asm_epoch, [])
+            if len(counts) == self.asm_window:
+                counts.append(state.expected)
+            for b in range(state.expected):
+                message = state.batches[b]
+                size = message_bytes(message)
+                index = self.asm_index + b
+                gkey = (self.asm_epoch, index)
+                if gkey in self.ready or self._below_floor(gkey) or self._past_tail(gkey):
+                    self.reorder_bytes -= size
+                    self.stats["replayed_dropped"] += 1
+                    continue
+                self.ready[gkey] = (message, state.window.index, b)
+            self.asm_index += state.expected
+            self.asm_window += 1
+
+    def _below_floor(self, key: tuple[int, int]) -> bool:
+        if self.world_size is None:
+            return False
+        floor = self.floors.get(key[1] % self.world_size)
+        return floor is not None and key < floor
+
+    def _limit(self, epoch: int) -> int | None:
+        total = self.totals.get(epoch)
+        if total is None or self.world_size is None:
+            return None
+        w = self.world_size
+        per_rank = -(-total // w) if self.settings.tail == "fill" else total // w
+        return per_rank * w
+
+    def _past_tail(self, key: tuple[int, int]) -> bool:
+        limit = self._limit(key[0])
+        return limit is not None and key[1] >= limit
+
+    def _drop_tail(self, epoch: int) -> None:
+        limit = self._limit(epoch)
+        if limit is None:
+            return
+        for key in [k for k in self.ready if k[0] == epoch and k[1] >= limit]:
+            message, _, _ = self.ready.pop(key)
+            self.reorder_bytes -= message_bytes(message)
+
+    def _rewind(self, epoch: int, index: int) -> None:
+        """Restart the pipeline at the window of ``epoch`` that holds batch ``index``."""
+        counts = self.counts.get(epoch, [])
+        window, base = 0, 0
+        for count in counts:
+            if base + count > index:
+                break
+            base += count
+            window += 1
+        self.stats["rewinds"] += 1
+        self.log(f"producer: replaying from epoch {epoch} window {window} (batch {base})")
+        for state in self.inflight.values():
+            self.reorder_bytes -= state.batch_bytes
+        self.inflight.clear()
+        self.reissue.clear()
+        self.window_bytes = 0
+        for worker in self.workers.values():
+            worker.windows.clear()
+        self.asm_epoch, self.asm_window, self.asm_index = epoch, window, base
+        self._reset_cutter(epoch, window)
+
+    # ------------------------------------------------------------------ consumers
+
+    def _on_consumer(self, socket: zmq.Socket, frames: list[Any]) -> None:
+        identity = bytes(frames[0].bytes) if hasattr(frames[0], "bytes") else bytes(frames[0])
+        try:
+            message = wire.decode(frames[1:], self.limits)
+            if message.kind == "health":
+                self._send(socket, identity, "status", {"serving": True, "stats": self.snapshot()})
+                return
+            if message.kind != "fetch":
+                raise ProtocolError(f"a producer's consumer endpoint accepts 'fetch' and "
+                                    f"'health', not {message.kind!r}")
+            self._on_fetch(identity, message.fields)
+        except ProtocolError as exc:
+            self.stats["rejected_consumer"] += 1
+            self.log(f"producer: rejected a consumer message: {exc}")
+            self._send(socket, identity, "error", {"message": str(exc)[:1000]})
+
+    def _on_fetch(self, identity: bytes, f: dict[str, Any]) -> None:
+        rank, world, epoch, index = f["rank"], f["world_size"], f["epoch"], f["index"]
+        if not (0 <= rank < world <= 1 << 16) or epoch < 0 or index < 0 or index % world != rank:
+            raise ProtocolError(
+                f"fetch rank={rank} world_size={world} epoch={epoch} index={index}: need "
+                f"0 <= rank < world_size <= 65536, epoch >= 0 and index = rank mod world_size"
+            )
+        if self.world_size is None:
+            self.world_size = world
+            for e in list(self.totals):
+                self._drop_tail(e)
+        elif world != self.world_size:
+            raise ProtocolError(
+                f"world_size {world} differs from the {self.world_size} this producer "
+                f"serves; restart the producer to change the world size"
+            )
+        if self.pending_count[identity] >= MAX_PENDING_PER_CONSUMER:
+            raise ProtocolError(
+                f"more than {MAX_PENDING_PER_CONSUMER} fetches outstanding from one consumer"
+            )
+        key = (epoch, index)
+        floor = self.floors.get(rank)
+        if floor is None or key < floor:
+            self.floors[rank] = key
+        self.pending.setdefault(key, []).append(identity)
+        self.pending_count[identity] += 1
+        if not self.started:
+            self.started = True
+            if epoch > 0 and self._epoch_live(epoch):
+                self._rewind(epoch, 0)
+        elif self._epoch_live(epoch) and key not in self.ready and self._behind(key):
+            if not (self._limit(epoch) is not None and index >= self.totals[epoch]):
+                self._rewind(epoch, index)
+
+    def _behind(self, key: tuple[int, int]) -> bool:
+        return key < (self.asm_epoch, self.asm_index)
+
+    def _send(self, socket: zmq.Socket, identity: bytes, kind: str, fields: dict[str, Any],
+              arrays: dict[str, Any] | None = None) -> None:
+        socket.send_multipart([identity, *wire.encode(kind, fields, arrays)], copy=False)
+
+    def _filler(self) -> list[Any]:
+        if self._filler_frames is None:
+            batch = PackedBatch.filler_like(
+                self.binding, self.settings.max_rows_per_batch, self.settings.capacity
+            )
+            self._filler_frames = list(wire.batch_arrays(batch).items())
+        return self._filler_frames
+
+    def _serve_pending(self, socket: zmq.Socket) -> None:
+        for key in list(self.pending):
+            epoch, index = key
+            identities = self.pending[key]
+            if not self._epoch_live(epoch):
+                for identity in identities:
+                    self._send(socket, identity, "stream_end", {"epochs": self.settings.epochs})
+            else:
+                limit = self._limit(epoch)
+                if limit is not None and index >= limit:
+                    per_rank = limit // self.world_size
+                    for identity in identities:
+                        self._send(socket, identity, "epoch_end", {
+                            "epoch": epoch, "per_rank": per_rank, "total": self.totals[epoch]})
+                    rank = index % self.world_size
+                    nxt = (epoch + 1, rank)
+                    if self.floors.get(rank, nxt) < nxt:
+                        self.floors[rank] = nxt
+                elif limit is not None and index >= self.totals[epoch]:
+                    fields = {"epoch": epoch, "index": index, "window": -1, "batch": -1,
+                              "filler": True, "binding": self.binding_wire}
+                    for identity in identities:
+                        self._send(socket, identity, "batch", fields, dict(self._filler()))
+                    self.stats["fillers_served"] += 1
+                    self._advance_floor(key)
+                elif key in self.ready:
+                    message, window, batch = self.ready.pop(key)
+                    self.reorder_bytes -= message_bytes(message)
+                    fields = {"epoch": epoch, "index": index, "window": window, "batch": batch,
+                              "filler": False, "binding": self.binding_wire}
+                    for identity in identities:
+                        socket.send_multipart(
+                            [identity, *wire.encode_forward("batch", fields, message)],
+                            copy=False,
+                        )
+                    self.stats["batches_served"] += 1
+                    self.stats["tokens_served"] += int(message.arrays["valid_lengths"].sum())
+                    self._advance_floor(key)
+                else:
+                    continue
+            del self.pending[key]
+            for identity in identities:
+                self.pending_count[identity] -= 1
+                if self.pending_count[identity] <= 0:
+                    del self.pending_count[identity]
+
+    def _advance_floor(self, key: tuple[int, int]) -> None:
+        rank = key[1] % self.world_size
+        nxt = (key[0], key[1] + self.world_size)
+        if self.floors.get(rank, nxt) < nxt:
+            self.floors[rank] = nxt
+
+    # ------------------------------------------------------------------ loop
+
+    def snapshot(self) -> dict[str, Any]:
+        stats = dict(self.stats)
+        stats.update(
+            workers=len(self.workers),
+            windows_in_flight=len(self.inflight),
+            window_bytes=self.window_bytes,
+            reorder_bytes=self.reorder_bytes,
+            ready_batches=len(self.ready),
+            pending_fetches=sum(len(v) for v in self.pending.values()),
+            quarantine_reasons=dict(self.quarantine_reasons),
+            epoch=self.asm_epoch,
+        )
+        return {k: (float(v) if isinstance(v, float) else v) for k, v in stats.items()}
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def run(self, *, ready_callback: Any = None) -> int:
+        context = zmq.Context()
+        workers = context.socket(zmq.ROUTER)
+        consumers = context.socket(zmq.ROUTER)
+        try:
+            for socket, endpoint in (
+                (workers, self.settings.worker_endpoint),
+                (consumers, self.settings.consumer_endpoint),
+            ):
+                wire.configure_socket(socket, self.settings.max_message_bytes)
+                socket.bind(endpoint)
+            self.serving = True
+            self.log(
+                f"producer: serving workers on {workers.getsockopt(zmq.LAST_ENDPOINT).decode()} "
+                f"and consumers on {consumers.getsockopt(zmq.LAST_ENDPOINT).decode()}"
+            )
+            if ready_callback is not None:
+                ready_callback(
+                    workers.getsockopt(zmq.LAST_ENDPOINT).decode(),
+                    consumers.getsockopt(zmq.LAST_ENDPOINT).decode(),
+                )
+            poller = zmq.Poller()
+            poller.register(workers, zmq.POLLIN)
+            poller.register(consumers, zmq.POLLIN)
+            next_check = time.monotonic()
+            while not self.stopping:
+                events = dict(poller.poll(100))
+                for _ in range(256):
+                    if workers not in events:
+                        break
+                    try:
+                        frames = workers.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._on_worker(workers, frames)
+                for _ in range(256):
+                    if consumers not in events:
+                        break
+                    try:
+                        frames = consumers.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._on_consumer(consumers, frames)
+                now = time.monotonic()
+                if now >= next_check:
+                    self._check_heartbeats()
+                    next_check = now + min(0.25, self.settings.heartbeat_timeout / 4)
+                self._assign(workers)
+                self._serve_pending(consumers)
+        finally:
+            self.serving = False
+            workers.close(linger=0)
+            consumers.close(linger=0)
+            context.term()
+            if self._quarantine_file is not None:
+                self._quarantine_file.close()
+        return 0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML settings file; its [producer] table is read")
+    add_flags(parser, ProducerSettings)
+
+
+def install_stop_handlers(stop: Any) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = from_args(ProducerSettings, args)
+    producer = Producer(settings)
+    install_stop_handlers(producer.stop)
+    code = producer.run()
+    print(json.dumps({"producer": producer.snapshot()}), flush=True)
+    return code

@@ -1,0 +1,209 @@
+"""``streampack worker``: a pack worker.
+
+A worker connects a DEALER socket to the producer's worker endpoint and loops::
+
+    warm up (compile/load the packing kernels on a tiny window)
+    send ready{credit: prefetch}
+    repeat:
+        window{epoch, window, binding, config} + frames  ->  Examples (validated)
+            -> pack_examples(examples, binding, PackConfig(**config))
+            -> packed{epoch, window, batch, batches} + batch frames, one per batch
+            -> done{epoch, window, batches, seconds, audit...}
+            -> ready{credit: 1}
+        every heartbeat_interval seconds: heartbeat{free}
+
+The worker holds no settings of the stream: binding and packing configuration come
+with each window, so any worker can pack any producer's windows. A window that fails to
+pack is answered with ``failed`` (the producer quarantines it) and the worker keeps
+serving. A malformed message is counted and answered with ``error``.
+
+Warming up before announcing credit keeps the first window's compile time from
+looking like a dead worker to the producer's heartbeat timeout; after that, a window
+is bounded by ``window_tokens`` and packs in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from streampack import Examples, PackConfig, StreampackError, pack_examples, wire
+from streampack.settings import WorkerSettings, add_flags, from_args
+
+
+def pack_window(
+    arrays: dict[str, np.ndarray], binding: Any, config: PackConfig
+) -> tuple[Examples, list[Any]]:
+    """Pack one window's frames; the same call the in-process digest makes."""
+    examples = Examples(
+        tokens=arrays["tokens"],
+        offsets=arrays["offsets"],
+        doc=arrays["doc"],
+        start=arrays["start"],
+        stop=arrays["stop"],
+        source_id=arrays["source_id"],
+        example_id=arrays["example_id"],
+    )
+    return examples, pack_examples(examples, binding, config).batches
+
+
+def pack_config_from_wire(config: dict[str, Any]) -> PackConfig:
+    try:
+        return PackConfig(**config)
+    except TypeError as exc:
+        raise wire.ProtocolError(f"window config {config!r} is malformed: {exc}") from None
+
+
+def _warm_up() -> None:
+    from streampack import Binding
+
+    binding = Binding(vocab_size=8, tokenizer="warm-up", split_receipt="warm-up", partition="train")
+    pack_examples(
+        Examples.from_documents([[1, 2, 3], [4, 5]]),
+        binding,
+        PackConfig(capacity=4, max_rows_per_batch=1),
+    )
+
+
+class Worker:
+    """One pack worker process's loop; ``run()`` returns when stopped."""
+
+    def __init__(self, settings: WorkerSettings, *, log: Any = None) -> None:
+        self.settings = settings
+        self.limits = wire.WireLimits(max_frame_bytes=settings.max_message_bytes)
+        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        self.stopping = False
+        self.counters = {"windows": 0, "batches": 0, "failed": 0, "rejected": 0, "audited": 0,
+                         "audit_failures": 0}
+        self._audit_seen = 0
+        self._audit_fn: Any = None
+        if settings.audit_every:
+            try:
+                from streampack import audit as audit_module
+            except ImportError as exc:
+                raise StreampackError(
+                    f"--audit-every {settings.audit_every} needs streampack.audit, which is "
+                    f"unavailable in this installation: {exc}"
+                ) from None
+            self._audit_fn = audit_module.audit
+
+    def _send(self, socket: zmq.Socket, kind: str, fields: dict[str, Any],
+              arrays: dict[str, Any] | None = None) -> None:
+        socket.send_multipart(wire.encode(kind, fields, arrays), copy=False)
+
+    def _audit(self, batch: Any, examples: Examples) -> tuple[int, int, str]:
+        """Audit every N-th batch this worker packs; returns (audited, failures, note)."""
+        if self._audit_fn is None:
+            return 0, 0, ""
+        self._audit_seen += 1
+        if self._audit_seen % self.settings.audit_every:
+            return 0, 0, ""
+        report = self._audit_fn(batch, examples=examples)
+        if report.passed:
+            return 1, 0, ""
+        return 1, 1, "; ".join(report.notes)[:1000] or "audit failed"
+
+    def handle_window(self, socket: zmq.Socket, message: wire.Message) -> None:
+        fields = message.fields
+        epoch, window = fields["epoch"], fields["window"]
+        started = time.perf_counter()
+        try:
+            binding = wire.binding_from_wire(fields["binding"])
+            config = pack_config_from_wire(fields["config"])
+            examples, batches = pack_window(message.arrays, binding, config)
+        except StreampackError as exc:
+            self.counters["failed"] += 1
+            self.log(f"worker: window {epoch}/{window} failed to pack: {exc}")
+            self._send(socket, "failed", {"epoch": epoch, "window": window, "error": str(exc)})
+            return
+        audited = failures = 0
+        notes = []
+        for index, batch in enumerate(batches):
+            a, f, note = self._audit(batch, examples)
+            audited += a
+            failures += f
+            if note:
+                notes.append(f"batch {index}: {note}")
+            self._send(
+                socket,
+                "packed",
+                {"epoch": epoch, "window": window, "batch": index, "batches": len(batches)},
+                wire.batch_arrays(batch),
+            )
+        self.counters["windows"] += 1
+        self.counters["batches"] += len(batches)
+        self.counters["audited"] += audited
+        self.counters["audit_failures"] += failures
+        self._send(
+            socket,
+            "done",
+            {
+                "epoch": epoch,
+                "window": window,
+                "batches": len(batches),
+                "seconds": time.perf_counter() - started,
+                "audited": audited,
+                "audit_failures": failures,
+                "audit_error": "; ".join(notes)[:2000],
+            },
+        )
+
+    def run(self) -> int:
+        _warm_up()
+        context = zmq.Context()
+        socket = context.socket(zmq.DEALER)
+        wire.configure_socket(socket, self.settings.max_message_bytes)
+        socket.connect(self.settings.connect)
+        self._send(socket, "ready", {"credit": self.settings.prefetch})
+        interval = self.settings.heartbeat_interval
+        next_beat = time.monotonic() + interval
+        try:
+            while not self.stopping:
+                timeout = max(0.0, next_beat - time.monotonic())
+                if socket.poll(int(timeout * 1000) + 1, zmq.POLLIN):
+                    frames = socket.recv_multipart(copy=False)
+                    try:
+                        message = wire.decode(frames, self.limits)
+                        if message.kind != "window":
+                            raise wire.ProtocolError(
+                                f"a worker accepts 'window' messages, not {message.kind!r}"
+                            )
+                    except wire.ProtocolError as exc:
+                        self.counters["rejected"] += 1
+                        self.log(f"worker: rejected a message: {exc}")
+                        self._send(socket, "error", {"message": str(exc)[:1000]})
+                        continue
+                    self.handle_window(socket, message)
+                    self._send(socket, "ready", {"credit": 1})
+                if time.monotonic() >= next_beat:
+                    self._send(socket, "heartbeat", {"free": self.settings.prefetch})
+                    next_beat = time.monotonic() + interval
+        finally:
+            socket.close(linger=0)
+            context.term()
+        return 0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML settings file; its [worker] table is read")
+    add_flags(parser, WorkerSettings)
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = from_args(WorkerSettings, args)
+    worker = Worker(settings)
+
+    def stop(signum: int, frame: Any) -> None:
+        worker.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    worker.log(f"worker {os.getpid()}: connecting to {settings.connect}")
+    return worker.run()
