@@ -30,8 +30,9 @@ visited sequence is cut greedily into numbered windows: a window closes when it 
 ``window_tokens`` tokens. The cut counts every document, good or bad, so it depends on
 the corpus and these settings only — never on workers or timing::
 
-    lengths   5 3 9 2 | 7 7 | 1 8 ...       window_documents=4, window_tokens=20
-    windows   [ 0     ] [ 1 ] [ 2 ...
+    lengths   5 3 9 2 | 7 7 1 | 8 ...      window_documents=4, window_tokens=20
+    windows   [   0   ] [  1  ] [ 2 ...     (0 is full at 4 documents; 1 would pass 20
+                                             tokens with the 8)
 
 Each window is then *screened*, vectorized: a document is quarantined with a reason
 when its range has fewer than 2 tokens (``too_short``), more than ``capacity + 1``

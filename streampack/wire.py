@@ -357,7 +357,9 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
                 f"frame {name!r} has {buffer.nbytes} bytes; its header says shape {shape} "
                 f"of {code} = {expected} bytes"
             )
-        arrays[name] = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+        array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+        array.flags.writeable = False  # frames may be forwarded or shared: never edit them
+        arrays[name] = array
     return Message(kind=kind, fields=fields, arrays=arrays, frames=list(frames[1:]))
 
 

@@ -1,0 +1,194 @@
+"""The wire protocol: pinned header bytes, round trips, and every rejection path."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from streampack import Binding, Examples, PackConfig, ProtocolError, pack_examples, wire
+
+BINDING = Binding(vocab_size=266, tokenizer="fixture", split_receipt="r1", partition="train")
+
+
+def worked_batch():
+    """The worked example (A, B, C at capacity 6) as one packed batch."""
+    examples = Examples.from_documents([[0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]])
+    return pack_examples(examples, BINDING, PackConfig(capacity=6, max_rows_per_batch=2)).batches[0]
+
+
+def test_ready_header_bytes_are_pinned():
+    header = wire.encode_header("ready", {"credit": 2})
+    assert header == bytes.fromhex(
+        "84" "a176" "01" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02" "a166" "90"
+    )
+    assert len(header) == 23
+
+
+def test_fetch_header_bytes_are_pinned():
+    header = wire.encode_header("fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3})
+    expected = (
+        b"\x87\xa1v\x01\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\xa5epoch\x00\xa5index\x03\xa1f\x90"
+    )
+    assert header == expected
+
+
+def test_window_header_lists_frames_with_dtype_and_shape():
+    arrays = {
+        "tokens": np.arange(5, dtype=np.int32),
+        "offsets": np.array([0, 2, 5]),
+        "doc": np.arange(2),
+        "start": np.zeros(2, np.int64),
+        "stop": np.array([2, 3]),
+        "source_id": np.array([7, 8]),
+        "example_id": np.array([7, 8]),
+    }
+    fields = {"epoch": 0, "window": 3, "binding": wire.binding_to_wire(BINDING), "config": {}}
+    frames = wire.encode("window", fields, arrays)
+    header = msgpack.unpackb(frames[0])
+    assert header["f"][0] == ["tokens", "<i4", [5]]
+    assert header["f"][1] == ["offsets", "<i8", [3]]
+    assert bytes(frames[1]) == np.arange(5, dtype="<i4").tobytes()
+    message = wire.decode(frames)
+    assert message.kind == "window" and message.fields["window"] == 3
+    np.testing.assert_array_equal(message.arrays["stop"], [2, 3])
+
+
+def test_batch_round_trip_is_byte_identical_and_zero_copy():
+    batch = worked_batch()
+    fields = {"epoch": 0, "index": 0, "window": 0, "batch": 0, "filler": False,
+              "binding": wire.binding_to_wire(BINDING)}
+    frames = wire.encode("batch", fields, wire.batch_arrays(batch))
+    zmq_frames = [zmq.Frame(bytes(f)) for f in frames]
+    message = wire.decode(zmq_frames)
+    again = wire.batch_from_message(message)
+    assert again.digest() == batch.digest()
+    for name in batch.ARRAY_FIELDS:
+        np.testing.assert_array_equal(getattr(again, name), getattr(batch, name))
+        assert not getattr(again, name).flags.writeable
+    assert again.occurrences.tobytes() == batch.occurrences.tobytes()
+    # A view of the received frame, not a copy.
+    assert np.shares_memory(again.inputs, np.frombuffer(zmq_frames[1].buffer, np.uint8))
+    assert again.binding == BINDING
+    expected = [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]]
+    np.testing.assert_array_equal(again.inputs, expected)
+
+
+def test_forwarding_reheads_frames_without_copying():
+    batch = worked_batch()
+    packed = wire.decode(wire.encode(
+        "packed", {"epoch": 1, "window": 2, "batch": 0, "batches": 1}, wire.batch_arrays(batch)))
+    fields = {"epoch": 1, "index": 9, "window": 2, "batch": 0, "filler": False,
+              "binding": wire.binding_to_wire(BINDING)}
+    forwarded = wire.encode_forward("batch", fields, packed)
+    assert forwarded[1:] == packed.frames
+    assert wire.batch_from_message(wire.decode(forwarded)).digest() == batch.digest()
+
+
+def _header(**overrides):
+    header = {"v": 1, "k": "ready", "credit": 1, "f": []}
+    header.update(overrides)
+    return msgpack.packb(header)
+
+
+@pytest.mark.parametrize(
+    ("frames", "match"),
+    [
+        ([], "empty message"),
+        ([b"\xc1"], "not valid msgpack"),
+        ([msgpack.packb([1, 2])], "expected a msgpack map"),
+        ([_header(v=2)], "protocol version 2 is not supported"),
+        ([_header(k="launch")], "unknown message kind 'launch'"),
+        ([_header(credit="many")], "field 'credit'"),
+        ([_header(credit=True)], "field 'credit'"),
+        ([_header(extra=1)], "header keys"),
+        ([msgpack.packb({"v": 1, "k": "ready", "f": []})], "header keys"),
+        ([_header(), b"x"], "announces 0 frame"),
+        ([b"\x81\xa1v" + b"\xdb" + (1 << 20).to_bytes(4, "big") + b"x" * (1 << 20)], "exceeds"),
+        ([msgpack.packb({"v": 1, "k": "ready", "credit": 1, "f": list(range(1000))})],
+         "not valid msgpack"),
+        ([msgpack.packb({"v": 1, "k": "ready", "credit": b"\x00" * 10, "f": []})],
+         "not valid msgpack"),
+    ],
+)
+def test_malformed_headers_are_rejected(frames, match):
+    with pytest.raises(ProtocolError, match=match):
+        wire.decode(frames)
+
+
+def _window_frames(**spec_overrides):
+    arrays = {name: np.zeros(2, np.int64) for name in wire.WINDOW_FRAMES}
+    arrays["tokens"] = np.zeros(4, np.int32)
+    fields = {"epoch": 0, "window": 0, "binding": {}, "config": {}}
+    frames = wire.encode("window", fields, arrays)
+    header = msgpack.unpackb(frames[0])
+    for index, spec in spec_overrides.items():
+        header["f"][int(index[1:])] = spec
+    return [msgpack.packb(header), *[bytes(f) for f in frames[1:]]]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"f0": ["tokens", "<i4", [5]]}, "has 16 bytes; its header says shape"),
+        ({"f0": ["tokens", "<f8", [2]]}, "expected 'tokens' with dtype '<i4'"),
+        ({"f0": ["tokens", "O", [4]]}, "expected 'tokens' with dtype"),
+        ({"f1": ["tokens", "<i8", [2]]}, "expected 'offsets'"),
+        ({"f0": ["tokens", "<i4", [2, 2, 1]]}, "at most 2"),
+        ({"f0": ["tokens", "<i4", [-4]]}, "non-negative"),
+        ({"f0": ["tokens", "<i4", [1 << 40]]}, "exceeds max_frame_bytes"),
+        ({"f0": ["tokens", "<i4"]}, "is not \\[name, dtype, shape\\]"),
+    ],
+)
+def test_frames_that_disagree_with_their_header_are_rejected(overrides, match):
+    with pytest.raises(ProtocolError, match=match):
+        wire.decode(_window_frames(**overrides))
+
+
+def test_limits_are_configurable():
+    frames = wire.encode("ready", {"credit": 1})
+    with pytest.raises(ProtocolError, match="max_header_bytes=8"):
+        wire.decode(frames, wire.WireLimits(max_header_bytes=8))
+    with pytest.raises(ProtocolError, match="must be an int >= 1"):
+        wire.WireLimits(max_ndim=0)
+
+
+def test_encoder_refuses_what_the_decoder_would_refuse():
+    with pytest.raises(ProtocolError, match="missing field 'credit'"):
+        wire.encode("ready", {})
+    with pytest.raises(ProtocolError, match="unknown field"):
+        wire.encode("ready", {"credit": 1, "speed": 2})
+    with pytest.raises(ProtocolError, match="unknown message kind"):
+        wire.encode("shutdown", {})
+    with pytest.raises(ProtocolError, match="frames"):
+        wire.encode("ready", {"credit": 1}, {"tokens": np.zeros(1, np.int32)})
+
+
+def test_encoding_converts_byte_order_to_little_endian():
+    arrays = {name: np.zeros(1, ">i8") for name in wire.WINDOW_FRAMES}
+    arrays["tokens"] = np.array([1, 256], dtype=">i4")
+    frames = wire.encode("window", {"epoch": 0, "window": 0, "binding": {}, "config": {}}, arrays)
+    assert bytes(frames[1]) == b"\x01\x00\x00\x00\x00\x01\x00\x00"
+
+
+def test_binding_from_wire_rejects_a_bad_binding():
+    with pytest.raises(ProtocolError, match="binding"):
+        wire.binding_from_wire({"vocab_size": 4})
+    with pytest.raises(ProtocolError, match="invalid"):
+        wire.binding_from_wire(
+            {"vocab_size": 4, "tokenizer": "t", "split_receipt": "r", "partition": "dev"}
+        )
+
+
+def test_maxmsgsize_is_set_on_sockets():
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    try:
+        wire.configure_socket(socket, 12345)
+        assert socket.getsockopt(zmq.MAXMSGSIZE) == 12345
+        assert socket.getsockopt(zmq.LINGER) == 0
+    finally:
+        socket.close()
+        context.term()
