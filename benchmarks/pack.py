@@ -17,6 +17,7 @@ import os
 import time
 
 import numpy as np
+from numba import njit
 
 import streampack as sp
 from streampack.batch import BYTES_PER_CELL, CELL_DTYPES
@@ -92,6 +93,44 @@ def python_next_fit(examples: sp.Examples) -> callable:
     return run
 
 
+@njit(cache=True)
+def _allocate_and_fill(tokens, offsets, doc, start, stop, row_first, capacity):
+    """Same fill, arrays allocated by Numba's runtime instead of numpy (for comparison)."""
+    rows = row_first.shape[0] - 1
+    shape = (rows, capacity)
+    out = (np.empty(shape, np.int32), np.empty(shape, np.int32), np.empty(shape, np.int32),
+           np.empty(shape, np.int32), np.empty(shape, np.bool_), np.empty(shape, np.bool_),
+           np.empty(shape, np.bool_), np.empty(shape, np.int32))
+    valid_lengths = np.empty(rows, np.int32)
+    fill_rows(tokens, offsets, doc, start, stop, row_first, out[0], out[1], out[2], out[3],
+              out[4], out[5], out[6], out[7], valid_lengths)
+    return out
+
+
+def fill_allocated_in_compiled_code(examples: sp.Examples) -> callable:
+    lengths = examples.prediction_lengths
+    row_of, column_of = np.empty_like(lengths), np.empty_like(lengths)
+    rows = int(plan_next_fit(lengths, CAPACITY, row_of, column_of))
+    row_first = np.searchsorted(row_of, np.arange(rows + 1))
+    return lambda: _allocate_and_fill(examples.tokens, examples.offsets, examples.doc,
+                                      examples.start, examples.stop, row_first, CAPACITY)
+
+
+def fill_allocated_by_numpy(examples: sp.Examples) -> callable:
+    lengths = examples.prediction_lengths
+    row_of, column_of = np.empty_like(lengths), np.empty_like(lengths)
+    rows = int(plan_next_fit(lengths, CAPACITY, row_of, column_of))
+    row_first = np.searchsorted(row_of, np.arange(rows + 1))
+
+    def run():
+        out = {name: np.empty((rows, CAPACITY), d) for name, d in CELL_DTYPES.items()}
+        fill_rows(examples.tokens, examples.offsets, examples.doc, examples.start,
+                  examples.stop, row_first, *out.values(), np.empty(rows, np.int32))
+        return out
+
+    return run
+
+
 def prefaulted_fill(examples: sp.Examples) -> tuple[callable, int]:
     """The compiled fill into arrays whose pages are already mapped: compute without faults."""
     lengths = examples.prediction_lengths
@@ -134,6 +173,11 @@ def main() -> None:
     fill()
     seconds["fill_prefaulted"] = best_of(args.repeats, fill)
     del fill
+    seconds["fill_allocated_by_numpy"] = best_of(args.repeats, fill_allocated_by_numpy(examples))
+    in_compiled = fill_allocated_in_compiled_code(examples)
+    in_compiled()  # compile
+    seconds["fill_allocated_in_compiled_code"] = best_of(args.repeats, in_compiled)
+    del in_compiled
     seconds["python_numpy_next_fit"] = best_of(1, python_next_fit(examples))
     subset = corpus(args.reference_documents)
     subset_tokens = int(subset.prediction_lengths.sum())

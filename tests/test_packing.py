@@ -239,3 +239,13 @@ def test_padding_may_not_fill_the_middle_of_a_row():
     for r in range(batch.rows):
         valid = batch.input_valid[r]
         assert valid[: batch.valid_lengths[r]].all() and not valid[batch.valid_lengths[r]:].any()
+
+
+def test_occurrence_count_must_fit_int32_segment_ids_c3(monkeypatch):
+    # 2**31 real examples would need tens of GB; lower the limit to exercise the check.
+    import streampack.packing as packing
+
+    monkeypatch.setattr(packing, "_MAX_OCCURRENCES", 2)
+    examples = sp.Examples.from_documents([[1, 2]] * 3)
+    with pytest.raises(sp.InvalidExample, match=r"3 examples in one call; segment IDs are int32"):
+        sp.pack_examples(examples, BINDING, sp.PackConfig(capacity=4, max_rows_per_batch=1))
