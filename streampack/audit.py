@@ -5,12 +5,13 @@ running the packed rows, the same logits on every loss-eligible cell, the same
 token-summed loss and the same gradient for every parameter coordinate as running
 each of its occurrences alone — within ``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)``.
 
-What that proves about the batch: its positions restart at each occurrence (C4), its
-segment starts and valid lengths keep every query inside its own occurrence (C6), its
-targets are the inputs shifted by one inside the range (C1) and its loss mask counts
-each real target once (C7). The separate runs are rebuilt from the batch's own input
-cells (plus each occurrence's last target) unless the caller passes the ``Examples``
-the batch was packed from, in which case the tokens themselves are checked too.
+What that proves about the batch: its segment starts and valid lengths keep every
+query inside its own occurrence (C6), its targets are the inputs shifted by one inside
+the range (C1) and its loss mask counts each real target once (C7). Positions are
+compared with ``0..L-1`` directly (C4), since rotary attention cannot tell a constant
+shift inside an isolated segment. The separate runs are rebuilt from the batch's own
+input cells (plus each occurrence's last target) unless the caller passes the
+``Examples`` the batch was packed from, in which case the tokens are checked too.
 
 The decoder profiles accept short examples only (``max_positions`` 4 or 16), so longer
 occurrences are cropped to a prefix *for the audit only*: each row is rebuilt from its
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .decoder import Decoder, DecoderConfig, LossAndGrad, _Cells, _single_cells
+from .decoder import Decoder, DecoderConfig, LossAndGrad, _Cells, _single_cells, _sum_parts
 from .errors import InvalidArray
 from .examples import Examples
 
@@ -170,8 +171,10 @@ def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[_Cells, list[tuple[int
     """Rows rebuilt from each occurrence's first ``keep[j]`` cells, side by side.
 
     Returns the cells and, per occurrence, ``(row, new_start, kept)``. Everything but the
-    column shift comes from the batch itself, so a wrong position, target, loss flag or
-    segment start is still wrong here.
+    column shift comes from the batch itself, so a wrong position, target, loss flag,
+    segment start or valid length is still wrong here: a query keeps its distance to
+    its segment start (clamped into the row), and a row's valid length ends at the
+    first copied cell that lay at or beyond the batch's own valid length.
     """
     occ = batch.occurrences
     rows = batch.rows
@@ -183,6 +186,7 @@ def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[_Cells, list[tuple[int
     positions = np.zeros((rows, cap), np.int64)
     starts = np.full((rows, cap), -1, np.int32)
     eligible = np.zeros((rows, cap), bool)
+    old_column = np.full((rows, cap), np.iinfo(np.int64).max, np.int64)
     placed: list[tuple[int, int, int]] = []
     fill = np.zeros(rows, np.int64)
     for j in np.argsort(occ["start"].astype(np.int64) + occ["row"].astype(np.int64) * (1 << 32)):
@@ -194,9 +198,9 @@ def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[_Cells, list[tuple[int
         targets[row, dst] = batch.targets[row, src]
         positions[row, dst] = batch.positions[row, src]
         eligible[row, dst] = batch.loss_mask[row, src]
-        # Keep each segment start at its distance before the query; clamp at column 0.
         shifted = batch.segment_starts[row, src].astype(np.int64) - old + new
-        starts[row, dst] = np.maximum(shifted, 0)
+        starts[row, dst] = np.clip(shifted, 0, np.arange(new, new + n))
+        old_column[row, dst] = np.arange(old, old + n)
         fill[row] += n
         placed.append((int(j), row, new))
     order = {j: (row, new, int(keep[j])) for j, row, new in placed}
@@ -205,10 +209,37 @@ def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[_Cells, list[tuple[int
         targets=targets,
         positions=positions,
         segment_starts=starts,
-        valid_lengths=fill.astype(np.int32),
+        valid_lengths=_kept_valid_lengths(old_column, batch.valid_lengths, fill),
         eligible=eligible,
     )
     return cells, [order[j] for j in range(len(occ))]
+
+
+def _position_notes(batch: Any) -> list[str]:
+    """Occurrences whose positions do not restart at 0 (rule C4).
+
+    Checked directly because the model cannot see it: rotary scores depend only on
+    the distance between query and key, so positions shifted by a constant inside an
+    isolated segment give the same logits.
+    """
+    notes = []
+    for rec in batch.occurrences:
+        row, start, stop = int(rec["row"]), int(rec["start"]), int(rec["stop"])
+        found = np.asarray(batch.positions[row, start:stop])
+        if not np.array_equal(found, np.arange(stop - start)):
+            notes.append(
+                f"occurrence {int(rec['ordinal'])}: positions {found[:8].tolist()} do not "
+                f"restart at 0; expected 0..{stop - start - 1} (rule C4)"
+            )
+    return notes
+
+
+def _kept_valid_lengths(
+    old_column: np.ndarray, valid_lengths: np.ndarray, fill: np.ndarray
+) -> np.ndarray:
+    beyond = old_column >= np.asarray(valid_lengths, np.int64)[:, None]
+    first_beyond = np.where(beyond.any(axis=1), beyond.argmax(axis=1), old_column.shape[1])
+    return np.minimum(first_beyond, fill).astype(np.int32)
 
 
 def audit(
@@ -256,6 +287,8 @@ def audit(
     sequences = [seq[: int(k) + 1] for seq, k in zip(sources, keep, strict=True)]
 
     comparison = Comparison()
+    comparison.notes.extend(_position_notes(batch))
+    comparison.failures += len(comparison.notes)
     packed_logits = decoder._scatter(cells, decoder._forward(cells, device=device))
     for seq in sequences:
         decoder._check_tokens(seq, "audited occurrence")
@@ -302,10 +335,15 @@ def select_examples(examples: Examples, ordinals: np.ndarray) -> Examples:
 
 @dataclass
 class Equivalence:
-    """The two comparisons against separate execution, and the three raw loss sums."""
+    """The comparisons against separate execution and the raw loss sums of every run.
+
+    ``passed`` covers packed and padded execution only; the causal-prefix run, when
+    asked for, is expected to fail.
+    """
 
     packed_vs_separate: Comparison
     padded_vs_separate: Comparison
+    causal_prefix_vs_separate: Comparison | None
     loss_sums: dict[str, float]
 
     @property
@@ -319,45 +357,49 @@ def compare_executions(
     batch: PackedBatch,
     *,
     device: str = "cpu",
-    _causal_prefix: bool | frozenset[int] = False,
+    _with_causal_prefix: bool = False,
 ) -> Equivalence:
     """Packed vs separate and padded vs separate execution of one batch's occurrences.
 
     ``examples`` are the examples given to ``pack_examples`` (occurrence ordinals index
     them). Separate and padded runs read the examples directly, never the batch, so a
-    packing mistake cannot cancel out. ``_causal_prefix`` widens the packed run's key
-    ranges to the whole row prefix; it exists to show that this breaks equivalence.
+    packing mistake cannot cancel out. ``_with_causal_prefix`` adds a third, packed run
+    whose key ranges are widened to the whole row prefix (an ordinary causal mask);
+    it exists to show that this one breaks equivalence.
     """
     occ = batch.occurrences
     subset = select_examples(examples, occ["ordinal"])
-    separate_logits = decoder.forward_separate(subset)
-    separate = decoder.loss_and_grad_separate(subset)
-
+    alone = [decoder._evaluate(cells) for cells in decoder._cells_separate(subset)]
+    separate_logits = [logits[0] for logits, _ in alone]
+    separate = _sum_parts([result for _, result in alone])
     packed_cells = decoder._cells_from_batch(batch)
-    packed_trace = decoder._forward(packed_cells, device=device, causal_prefix=_causal_prefix)
-    packed_logits = decoder._scatter(packed_cells, packed_trace)
-    packed = decoder._loss_and_grad(packed_cells, device=device, causal_prefix=_causal_prefix)
+    runs = {
+        "packed": (decoder._evaluate(packed_cells, device=device), True),
+        "padded": (decoder._evaluate(decoder._cells_padded(subset)), False),
+    }
+    if _with_causal_prefix:
+        widened = decoder._evaluate(packed_cells, device=device, causal_prefix=True)
+        runs["packed_causal_prefix"] = (widened, True)
 
-    padded_logits = decoder.forward_padded(subset)
-    padded = decoder.loss_and_grad_padded(subset)
-
-    vs_packed, vs_padded = Comparison(), Comparison()
-    for j, rec in enumerate(occ):
-        row, start, stop = int(rec["row"]), int(rec["start"]), int(rec["stop"])
-        what = f"occurrence {int(rec['ordinal'])}"
-        vs_packed.add_logits(packed_logits[row, start:stop], separate_logits[j], what)
-        length = separate_logits[j].shape[0]
-        vs_padded.add_logits(padded_logits[j, :length], separate_logits[j], what)
-    vs_packed.add_loss(packed, separate)
-    vs_padded.add_loss(padded, separate)
+    comparisons: dict[str, Comparison] = {}
+    for name, ((logits, result), packed_layout) in runs.items():
+        comparison = Comparison()
+        for j, rec in enumerate(occ):
+            length = separate_logits[j].shape[0]
+            if packed_layout:
+                row, start = int(rec["row"]), int(rec["start"])
+                mine = logits[row, start : start + length]
+            else:
+                mine = logits[j, :length]
+            comparison.add_logits(mine, separate_logits[j], f"occurrence {int(rec['ordinal'])}")
+        comparison.add_loss(result, separate)
+        comparisons[name] = comparison
     return Equivalence(
-        packed_vs_separate=vs_packed,
-        padded_vs_separate=vs_padded,
-        loss_sums={
-            "separate": separate.loss_sum,
-            "padded": padded.loss_sum,
-            "packed": packed.loss_sum,
-        },
+        packed_vs_separate=comparisons["packed"],
+        padded_vs_separate=comparisons["padded"],
+        causal_prefix_vs_separate=comparisons.get("packed_causal_prefix"),
+        loss_sums={"separate": separate.loss_sum}
+        | {name: result.loss_sum for name, ((_, result), _) in runs.items()},
     )
 
 

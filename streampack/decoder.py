@@ -225,6 +225,17 @@ def _single_cells(selected: np.ndarray) -> _Cells:
     )
 
 
+def _sum_parts(parts: list[LossAndGrad]) -> LossAndGrad:
+    """Loss sums, counts and gradients added up (separate execution of several examples)."""
+    grads = {name: np.zeros_like(value) for name, value in parts[0].grads.items()}
+    for part in parts:
+        for name, value in part.grads.items():
+            grads[name] += value
+    return LossAndGrad(
+        float(sum(part.loss_sum for part in parts)), sum(part.count for part in parts), grads
+    )
+
+
 def _rms_forward(x: np.ndarray, gain: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + _RMS_EPS)
     return x * r * gain, r
@@ -616,15 +627,14 @@ class Decoder:
         return _Backward(grads=ordered, residual=residual, attention=attention)
 
     def _sum_loss_and_grad(self, layouts: list[_Cells], *, device: str = "cpu") -> LossAndGrad:
-        total, count = 0.0, 0
-        grads = {name: np.zeros_like(value) for name, value in self._params.items()}
-        for cells in layouts:
-            part = self._loss_and_grad(cells, device=device)
-            total += part.loss_sum
-            count += part.count
-            for name, value in part.grads.items():
-                grads[name] += value
-        return LossAndGrad(total, count, grads)
+        return _sum_parts([self._loss_and_grad(cells, device=device) for cells in layouts])
+
+    def _evaluate(
+        self, cells: _Cells, *, device: str = "cpu", **forward: Any
+    ) -> tuple[np.ndarray, LossAndGrad]:
+        """Logits (NaN off the loss mask) and loss with gradients, from one forward pass."""
+        loss, count, back, trace = self._loss_and_backward(cells, device=device, **forward)
+        return self._scatter(cells, trace), LossAndGrad(loss, count, back.grads)
 
     def _loss_and_grad(self, cells: _Cells, *, device: str = "cpu", **forward: Any) -> LossAndGrad:
         loss, count, back, _ = self._loss_and_backward(cells, device=device, **forward)

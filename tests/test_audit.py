@@ -1,0 +1,119 @@
+"""audit(): the packed-vs-separate check workers run on sampled batches."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from _decoder_cases import BINDING, worked_example
+
+import streampack as sp
+from streampack.audit import AuditReport, audit
+from streampack.decoder import DecoderConfig
+
+
+def _long_batch() -> tuple[sp.Examples, sp.PackedBatch]:
+    """Occurrences of 3 to 20 pairs in rows of 40: most are longer than max_positions."""
+    rng = np.random.default_rng(11)
+    documents = [rng.integers(0, 266, size=int(n)) for n in rng.integers(4, 22, size=12)]
+    examples = sp.Examples.from_documents(documents)
+    (batch,) = sp.pack_examples(
+        examples, BINDING, sp.PackConfig(capacity=40, max_rows_per_batch=8)
+    ).batches
+    return examples, batch
+
+
+def test_worked_example_passes_with_counts():
+    _, batch = worked_example()
+    report = audit(batch)
+    assert isinstance(report, AuditReport)
+    assert report.passed, report.notes
+    assert report.occurrences == 3 and report.cropped == 0
+    assert report.comparisons == 9 * 266 + 1 + 1188
+    assert report.max_logit_diff <= 1e-12 and report.max_grad_diff <= 1e-12
+    large = audit(batch, config=DecoderConfig.large(), seed=42)
+    assert large.passed and large.comparisons == 2394 + 1 + 3448
+
+
+def test_long_occurrences_are_cropped_for_the_audit_only():
+    examples, batch = _long_batch()
+    lengths = batch.occurrences["stop"] - batch.occurrences["start"]
+    report = audit(batch)
+    assert report.passed, report.notes
+    assert report.cropped == int(np.count_nonzero(lengths > 4)) > 0
+    assert report.max_positions == 4
+    kept = np.minimum(lengths, 4)
+    assert report.comparisons == int(kept.sum()) * 266 + 1 + 1188
+    assert audit(batch, examples=examples).passed
+    assert audit(batch, config=DecoderConfig.large(), seed=3).passed
+
+
+def _corrupt(batch: sp.PackedBatch, field: str, edit) -> sp.PackedBatch:
+    array = getattr(batch, field).copy()
+    edit(array)
+    return dataclasses.replace(batch, **{field: array})
+
+
+def _global_positions(positions):
+    positions[0, :5] = np.arange(5)  # B continues at 3, 4 instead of restarting (C4)
+
+
+def _causal_starts(starts):
+    starts[0, 3:5] = 0  # B's queries may see A (C6)
+
+
+def _shifted_targets(targets):
+    targets[0, 3] = targets[0, 4]  # B's first target is its second one (C1)
+
+
+def _dropped_target(mask):
+    mask[1, 2] = False  # one of C's targets left out of the loss (C7)
+
+
+def _short_valid_length(lengths):
+    lengths[0] = 4  # B's last query made inactive
+
+
+@pytest.mark.parametrize(
+    ("field", "edit"),
+    [
+        ("positions", _global_positions),
+        ("segment_starts", _causal_starts),
+        ("targets", _shifted_targets),
+        ("loss_mask", _dropped_target),
+        ("valid_lengths", _short_valid_length),
+    ],
+)
+def test_audit_catches_a_broken_batch(field, edit):
+    _, batch = worked_example()
+    broken = _corrupt(batch, field, edit)
+    report = audit(broken)
+    assert not report.passed
+    assert report.notes
+
+
+def test_audit_with_examples_catches_wrong_tokens():
+    examples, batch = worked_example()
+    # C's 103 replaced by 200 as input and as target: the cells agree with each other,
+    # so only the source tokens can tell.
+    swapped = _corrupt(batch, "inputs", lambda a: a.__setitem__((1, 2), 200))
+    swapped = _corrupt(swapped, "targets", lambda a: a.__setitem__((1, 1), 200))
+    assert audit(swapped).passed
+    assert not audit(swapped, examples=examples).passed  # but not C's tokens
+
+
+def test_filler_batch_has_nothing_to_compare():
+    report = audit(sp.PackedBatch.filler_like(BINDING, rows=2, capacity=6))
+    assert report.passed and report.comparisons == 0 and report.notes
+
+
+def test_audit_uses_the_batch_vocabulary():
+    examples = sp.Examples.from_documents([[0, 999, 4, 1], [0, 7, 1]])
+    binding = sp.Binding(1000, "big", "receipt", "validation")
+    (batch,) = sp.pack_examples(
+        examples, binding, sp.PackConfig(capacity=6, max_rows_per_batch=1)
+    ).batches
+    report = audit(batch)
+    assert report.passed
+    assert report.comparisons == 5 * 1000 + 1 + DecoderConfig.small(1000).parameter_count()
