@@ -24,3 +24,9 @@ bench: $(BIN)/streampack
 
 clean:
 	rm -rf $(VENV) .numba_cache .pytest_cache .hypothesis
+
+# The image, built from a locally made Debian base, tested end to end on a real Docker
+# engine (started when none runs); prints "DOCKER TESTS SKIPPED: ..." where none can.
+.PHONY: test-docker
+test-docker: $(BIN)/streampack
+	STREAMPACK_HOST_PYTHON=$(CURDIR)/$(BIN)/python bash deploy/test-docker.sh
