@@ -438,10 +438,15 @@ class Producer:
             self.asm_window += 1
 
     def _below_floor(self, key: tuple[int, int]) -> bool:
+        """True when no consumer of this batch's rank can still ask for it: the rank has
+        moved past it and none of its pending fetches is at or before it."""
         if self.world_size is None:
             return False
-        floor = self.floors.get(key[1] % self.world_size)
-        return floor is not None and key < floor
+        rank = key[1] % self.world_size
+        floor = self.floors.get(rank)
+        if floor is None or key >= floor:
+            return False
+        return not any(k <= key and k[1] % self.world_size == rank for k in self.pending)
 
     def _limit(self, epoch: int) -> int | None:
         total = self.totals.get(epoch)
