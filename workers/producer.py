@@ -387,16 +387,16 @@ class Producer:
         f = message.fields
         key = (f["epoch"], f["window"])
         worker.windows.discard(key)
+        self.stats["audited"] += f["audited"]
+        self.stats["audit_failures"] += f["audit_failures"]
+        self.stats["pack_seconds"] += f["seconds"]
+        if f["audit_error"]:
+            self.log(f"producer: audit failures in window {key}: {f['audit_error']}")
         state = self.inflight.get(key)
         if state is None:
             return
         if state.expected is None:
             state.expected = f["batches"]
-            self.stats["audited"] += f["audited"]
-            self.stats["audit_failures"] += f["audit_failures"]
-            if f["audit_error"]:
-                self.log(f"producer: audit failures in window {key}: {f['audit_error']}")
-        self.stats["pack_seconds"] += f["seconds"]
         self._try_assemble()
 
     # ------------------------------------------------------------------ ordering

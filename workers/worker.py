@@ -61,15 +61,15 @@ def pack_config_from_wire(config: dict[str, Any]) -> PackConfig:
         raise wire.ProtocolError(f"window config {config!r} is malformed: {exc}") from None
 
 
-def _warm_up() -> None:
+def _warm_up(audit: Any = None) -> None:
+    """Compile (or load from the Numba cache) every kernel a window will need."""
     from streampack import Binding
 
     binding = Binding(vocab_size=8, tokenizer="warm-up", split_receipt="warm-up", partition="train")
-    pack_examples(
-        Examples.from_documents([[1, 2, 3], [4, 5]]),
-        binding,
-        PackConfig(capacity=4, max_rows_per_batch=1),
-    )
+    examples = Examples.from_documents([[1, 2, 3], [4, 5]])
+    epoch = pack_examples(examples, binding, PackConfig(capacity=4, max_rows_per_batch=1))
+    if audit is not None:
+        audit(epoch.batches[0], examples=examples)
 
 
 class Worker:
@@ -156,7 +156,7 @@ class Worker:
         )
 
     def run(self) -> int:
-        _warm_up()
+        _warm_up(self._audit_fn)
         context = zmq.Context()
         socket = context.socket(zmq.DEALER)
         wire.configure_socket(socket, self.settings.max_message_bytes)
