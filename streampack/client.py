@@ -123,6 +123,8 @@ class BatchStream:
         self._finished = False
         self._limit: int | None = None  # this epoch's end for this rank, once known
         self.last_epoch_end: dict[str, int] | None = None
+        self.rejected = 0  # malformed messages received and dropped
+        self.current: tuple[int, int] | None = None  # (epoch, index) of the last batch
 
     # -- state ----------------------------------------------------------------------
 
@@ -247,7 +249,11 @@ class BatchStream:
                     f"for epoch {self._epoch} batch {self._index}; is the producer running?"
                 )
             frames = socket.recv_multipart(copy=False)
-            message = wire.decode(frames, self.limits)
+            try:
+                message = wire.decode(frames, self.limits)
+            except ProtocolError:
+                self.rejected += 1  # counted and dropped; the next answer may be fine
+                continue
             if self._handle(message):
                 self._finished = True
                 raise StopIteration

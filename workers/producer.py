@@ -67,6 +67,13 @@ from streampack.settings import ProducerSettings, add_flags, from_args
 from streampack.sources import CutSpec, Window, iter_windows, open_corpus
 
 MAX_ATTEMPTS = 3
+COUNTERS = (
+    "workers_joined", "workers_lost", "windows_cut", "windows_issued", "windows_reissued",
+    "windows_completed", "windows_failed", "batches_received", "batches_served",
+    "fillers_served", "tokens_served", "duplicates_dropped", "stale_dropped",
+    "replayed_dropped", "rewinds", "rejected_worker", "rejected_consumer", "quarantined",
+    "audited", "audit_failures", "window_bytes_peak", "reorder_bytes_peak",
+)
 MAX_PENDING_PER_CONSUMER = 1024
 
 
@@ -116,6 +123,8 @@ class Producer:
         self.stopping = False
         self.serving = False
         self.stats: dict[str, Any] = collections.defaultdict(int)
+        for name in COUNTERS:
+            self.stats[name] = 0
         self.quarantine_reasons: dict[str, int] = collections.defaultdict(int)
         self._quarantine_file = (
             open(settings.quarantine_path, "a") if settings.quarantine_path else None
