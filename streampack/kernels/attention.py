@@ -33,7 +33,11 @@ _DEVICES = ("cpu", "cuda")
 
 
 def _is_device_array(x: Any) -> bool:
-    return hasattr(x, "__cuda_array_interface__")
+    """CUDA memory: the CUDA array interface, or a Numba device array (whose simulator
+    stand-in has ``copy_to_host`` but no interface)."""
+    return hasattr(x, "__cuda_array_interface__") or (
+        hasattr(x, "copy_to_host") and hasattr(x, "is_c_contiguous")
+    )
 
 
 def _host_float(name: str, x: Any) -> np.ndarray:
@@ -131,8 +135,10 @@ def _shape_dtype(name: str, x: Any, device: str) -> tuple[tuple[int, ...], np.dt
     if device == "cpu" or not _is_device_array(x):
         arr = _host_float(name, x)
         return tuple(arr.shape), arr.dtype
-    iface = x.__cuda_array_interface__
-    return tuple(int(n) for n in iface["shape"]), np.dtype(iface["typestr"])
+    if hasattr(x, "__cuda_array_interface__"):
+        iface = x.__cuda_array_interface__
+        return tuple(int(n) for n in iface["shape"]), np.dtype(iface["typestr"])
+    return tuple(int(n) for n in x.shape), np.dtype(x.dtype)
 
 
 def _check_lse(lse: np.ndarray, valid: np.ndarray) -> None:
@@ -181,10 +187,12 @@ def _validate(
 
 def _to_host(x: Any) -> Any:
     """Small integer arrays are checked on the host; copy them there when on the device."""
-    if _is_device_array(x):
+    if hasattr(x, "__cuda_array_interface__"):
         from numba import cuda
 
         return cuda.as_cuda_array(x).copy_to_host()
+    if _is_device_array(x):
+        return x.copy_to_host()
     return x
 
 

@@ -1,0 +1,16 @@
+"""Tests here run only inside a process started with ``NUMBA_ENABLE_CUDASIM=1``.
+
+The simulator must be switched on before Numba is first imported, so
+``tests/test_attention_cuda_sim.py`` starts a fresh pytest process for this folder with
+the variable set; an ordinary test run skips collecting it.
+"""
+
+import os
+import sys
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+    collect_ignore_glob = ["test_*.py"]
+else:
+    # One OS thread per simulated CUDA thread: switch between them often, or every
+    # syncthreads() waits out the default 5 ms interval.
+    sys.setswitchinterval(1e-4)
