@@ -287,4 +287,5 @@ class BatchStream:
             return True
         if kind == "error":
             raise ProtocolError(f"producer at {self.endpoint} rejected a request: {f['message']}")
-        raise ProtocolError(f"unexpected {kind!r} message from the producer at {self.endpoint}")
+        self.rejected += 1  # a valid message a producer never sends a consumer: dropped
+        return False

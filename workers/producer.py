@@ -709,8 +709,11 @@ def install_stop_handlers(stop: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = from_args(ProducerSettings, args)
-    producer = Producer(settings)
+    try:
+        settings = from_args(ProducerSettings, args)
+        producer = Producer(settings)
+    except InvalidConfig as exc:
+        raise SystemExit(f"streampack produce: {exc}") from None
     install_stop_handlers(producer.stop)
     code = producer.run()
     print(json.dumps({"producer": producer.snapshot()}), flush=True)

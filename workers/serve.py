@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from streampack.errors import InvalidConfig
 from streampack.settings import ProducerSettings, add_flags, from_args
 from workers.producer import Producer, install_stop_handlers
 
@@ -110,7 +111,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = from_args(ProducerSettings, args)
+    try:
+        settings = from_args(ProducerSettings, args)
+    except InvalidConfig as exc:
+        raise SystemExit(f"streampack serve: {exc}") from None
     if args.workers < 1:
         raise SystemExit(f"streampack serve: --workers {args.workers}; at least 1 is needed")
     worker_args: list[str] = []
@@ -118,7 +122,10 @@ def main(args: argparse.Namespace) -> int:
         worker_args += ["--config", os.path.abspath(args.config)]
     if args.audit_every is not None:
         worker_args += ["--audit-every", str(args.audit_every)]
-    producer = Producer(settings)
+    try:
+        producer = Producer(settings)
+    except InvalidConfig as exc:
+        raise SystemExit(f"streampack serve: {exc}") from None
     holder: dict[str, Supervisor] = {}
 
     def started(worker_endpoint: str, consumer_endpoint: str) -> None:

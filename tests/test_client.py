@@ -1,0 +1,186 @@
+"""BatchStream and StreamDigest: arguments, cursor, prefetch bounds, answers it drops.
+
+Where a test needs a producer that misbehaves on purpose, the test binds a ROUTER
+socket and plays the producer itself; the binding check runs against a real one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from streampack import Binding, BindingMismatch, PackedBatch, ProtocolError, StreampackError, wire
+from streampack.client import BatchStream, StreamDigest, StreamTimeout
+
+BINDING = Binding(vocab_size=512, tokenizer="t", split_receipt="r", partition="train")
+
+
+class FakeProducer:
+    """A ROUTER that records fetches and answers with a scripted function."""
+
+    def __init__(self, answer):
+        self.context = zmq.Context()
+        self.router = self.context.socket(zmq.ROUTER)
+        self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.answer = answer
+        self.fetches: list[dict] = []
+        self.outstanding_peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            if not self.router.poll(50):
+                continue
+            identity, *frames = self.router.recv_multipart()
+            fields = wire.decode(frames).fields
+            self.fetches.append(fields)
+            for reply in self.answer(fields, self):
+                self.router.send_multipart([identity, *reply])
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self.router.close(linger=0)
+        self.context.term()
+
+
+def filler_frames(epoch, index, binding=BINDING):
+    batch = PackedBatch.filler_like(binding, 2, 8)
+    fields = {"epoch": epoch, "index": index, "window": -1, "batch": -1, "filler": True,
+              "binding": wire.binding_to_wire(binding)}
+    return [bytes(f) for f in wire.encode("batch", fields, wire.batch_arrays(batch))]
+
+
+def serve_n(per_rank):
+    """Answer fetches with filler batches up to ``per_rank`` per rank, then epoch_end;
+    one epoch."""
+
+    def answer(fields, _):
+        epoch, index, world = fields["epoch"], fields["index"], fields["world_size"]
+        if epoch >= 1:
+            return [wire.encode("stream_end", {"epochs": 1})]
+        if index >= per_rank * world:
+            return [wire.encode("epoch_end", {"epoch": 0, "per_rank": per_rank,
+                                              "total": per_rank * world})]
+        return [filler_frames(epoch, index)]
+
+    return answer
+
+
+@pytest.fixture
+def fake():
+    producers = []
+
+    def make(answer):
+        producers.append(FakeProducer(answer))
+        return producers[-1]
+
+    yield make
+    for producer in producers:
+        producer.close()
+
+
+def test_rank_receives_its_share_in_order_then_stops(fake):
+    producer = fake(serve_n(5))
+    with BatchStream(producer.endpoint, rank=1, world_size=3, timeout=30, prefetch=2) as s:
+        indices = []
+        for batch in s:
+            indices.append(s.current)
+            assert batch.filler
+        assert indices == [(0, 1), (0, 4), (0, 7), (0, 10), (0, 13)]
+        assert s.state_dict() == {"epoch": 1, "index": 1}
+    assert all(f["rank"] == 1 and f["world_size"] == 3 for f in producer.fetches)
+
+
+def test_prefetch_bounds_outstanding_requests(fake):
+    def never(fields, producer):
+        return []
+
+    producer = fake(never)
+    with BatchStream(producer.endpoint, rank=0, world_size=2, timeout=0.5, prefetch=3) as s:
+        with pytest.raises(StreamTimeout, match="no answer .* within 0.5s for epoch 0 batch 0"):
+            next(s)
+    assert [f["index"] for f in producer.fetches] == [0, 2, 4]
+
+
+def test_load_state_dict_resumes_at_the_cursor(fake):
+    producer = fake(serve_n(5))
+    with BatchStream(producer.endpoint, rank=0, world_size=2, timeout=30) as s:
+        s.load_state_dict({"epoch": 0, "index": 6})
+        rest = [s.current for _ in s]
+    assert rest == [(0, 6), (0, 8)]
+
+
+@pytest.mark.parametrize(
+    "state", [{"epoch": 0, "index": 1}, {"epoch": -1, "index": 0}, {"index": 0}, {}]
+)
+def test_bad_cursor_is_refused(fake, state):
+    with BatchStream("tcp://127.0.0.1:1", rank=0, world_size=2) as s:
+        with pytest.raises(StreampackError, match="not a cursor of rank 0 of 2"):
+            s.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"rank": 2, "world_size": 2}, "rank = 2 must be an int in 0..1"),
+        ({"rank": 0, "world_size": 0}, "world_size = 0"),
+        ({"rank": 0, "world_size": 1, "prefetch": 0}, "prefetch = 0"),
+        ({"rank": 0, "world_size": 1, "timeout": 0}, "timeout = 0"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, match):
+    with pytest.raises(StreampackError, match=match):
+        BatchStream("tcp://127.0.0.1:1", **kwargs)
+
+
+def test_binding_mismatch_raises(fake):
+    producer = fake(serve_n(2))
+    other = Binding(vocab_size=512, tokenizer="t", split_receipt="r2", partition="train")
+    with BatchStream(producer.endpoint, rank=0, world_size=1, binding=other, timeout=30) as s:
+        with pytest.raises(BindingMismatch, match="split_receipt: batch has 'r'"):
+            next(s)
+
+
+def test_malformed_answers_are_dropped_and_counted(fake):
+    def garbage_first(fields, producer):
+        if len(producer.fetches) == 1:
+            return [[b"\x00garbage"], [wire.encode_header("ready", {"credit": 1})],
+                    filler_frames(fields["epoch"], fields["index"])]
+        return serve_n(1)(fields, producer)
+
+    producer = fake(garbage_first)
+    with BatchStream(producer.endpoint, rank=0, world_size=1, timeout=30, prefetch=1) as s:
+        assert len(list(s)) == 1
+        assert s.rejected == 2  # the garbage and the stray 'ready'
+
+
+def test_error_answer_raises(fake):
+    def refuse(fields, producer):
+        return [wire.encode("error", {"message": "world_size 3 differs"})]
+
+    producer = fake(refuse)
+    with BatchStream(producer.endpoint, rank=0, world_size=3, timeout=30) as s:
+        with pytest.raises(ProtocolError, match="rejected a request: world_size 3 differs"):
+            next(s)
+
+
+def test_stream_digest_definition_is_pinned():
+    batch = PackedBatch.filler_like(BINDING, 1, 2)
+    digest = StreamDigest()
+    digest.update(batch, 3, 5)
+    h = hashlib.sha256(struct.pack("<qq?", 3, 5, True))
+    for name in PackedBatch.ARRAY_FIELDS:
+        h.update(getattr(batch, name).tobytes())
+    h.update(batch.occurrences.tobytes())
+    assert digest.hexdigest() == h.hexdigest()
+    assert (digest.batches, digest.fillers, digest.tokens) == (1, 1, 0)
+    assert np.array_equal(batch.inputs, [[-1, -1]])
