@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .decoder import Decoder, DecoderConfig, LossAndGrad, _Cells, _single_cells, _sum_parts
+from .decoder import Decoder, DecoderConfig, LossAndGrad, _Cells, _sum_parts
 from .errors import InvalidArray
 from .examples import Examples
 
 if TYPE_CHECKING:
     from .batch import PackedBatch
 
+_PAD_CELL = -1
 _ABS_TOL = 1e-10
 _REL_TOL = 1e-9
 
@@ -52,13 +53,13 @@ def _max_diff_and_failures(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
     if a.size == 0:
         return 0.0, 0
     diff = np.abs(a - b)
-    bound = _ABS_TOL + _REL_TOL * np.maximum(np.abs(a), np.abs(b))
-    bad = ~(diff <= bound)
-    finite = diff[np.isfinite(diff)]
-    largest = float(finite.max()) if finite.size else 0.0
+    bound = np.maximum(np.abs(a), np.abs(b))
+    bound *= _REL_TOL
+    bound += _ABS_TOL
+    bad = int(np.count_nonzero(~(diff <= bound)))
     if not np.all(np.isfinite(diff)):
-        largest = float("inf")
-    return largest, int(np.count_nonzero(bad))
+        return float("inf"), bad
+    return float(diff.max()), bad
 
 
 @dataclass
@@ -133,6 +134,7 @@ class AuditReport:
         occurrences: occurrences audited (all of the batch's).
         cropped: occurrences longer than ``max_positions``, audited on a prefix only.
         max_positions: the profile's longest prediction length.
+        vocab_size: vocabulary of the audit decoder (the compacted one by default).
         notes: what failed, first few items; empty when passed.
     """
 
@@ -144,6 +146,7 @@ class AuditReport:
     occurrences: int
     cropped: int
     max_positions: int
+    vocab_size: int
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -215,6 +218,43 @@ def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[_Cells, list[tuple[int
     return cells, [order[j] for j in range(len(occ))]
 
 
+def _relabel(tokens: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    """``seen[i]`` becomes ``i``; PAD_CELL stays PAD_CELL."""
+    out = np.searchsorted(seen, tokens)
+    return np.where(tokens == _PAD_CELL, _PAD_CELL, out)
+
+
+def _alone_by_length(sequences: list[np.ndarray]) -> list[tuple[list[int], _Cells]]:
+    """Separate execution, with equal-length occurrences stacked as rows of one call.
+
+    Rows never interact (attention stays inside a row, everything else is per cell),
+    and each row here is one occurrence from column 0 with no padding, so this is the
+    same computation as one call per occurrence, with far fewer calls. Logits of
+    member ``i`` are rows ``[i * L, (i + 1) * L)`` of the eligible-cell logits.
+    """
+    groups: dict[int, list[int]] = {}
+    for j, seq in enumerate(sequences):
+        groups.setdefault(seq.size - 1, []).append(j)
+    layouts = []
+    for length, members in groups.items():
+        stacked = np.stack([sequences[j] for j in members])
+        rows = len(members)
+        layouts.append(
+            (
+                members,
+                _Cells(
+                    inputs=stacked[:, :-1].copy(),
+                    targets=stacked[:, 1:].copy(),
+                    positions=np.broadcast_to(np.arange(length), (rows, length)).copy(),
+                    segment_starts=np.zeros((rows, length), np.int32),
+                    valid_lengths=np.full(rows, length, np.int32),
+                    eligible=np.ones((rows, length), bool),
+                ),
+            )
+        )
+    return layouts
+
+
 def _position_notes(batch: Any) -> list[str]:
     """Occurrences whose positions do not restart at 0 (rule C4).
 
@@ -243,28 +283,34 @@ def _kept_valid_lengths(
 
 
 def audit(
-    batch: Any,
+    batch: PackedBatch,
     *,
     config: DecoderConfig | None = None,
     seed: int = 0,
     device: str = "cpu",
-    examples: Any = None,
+    examples: Examples | None = None,
+    compact_vocabulary: bool = True,
 ) -> AuditReport:
     """Compare packed and separate execution of ``batch`` under the reference decoder.
 
     Args:
         batch: a :class:`~streampack.batch.PackedBatch`.
         config: decoder profile, :meth:`DecoderConfig.small` by default. Its vocabulary
-            size is replaced by the batch binding's, since the audit decoder is untrained
+            size is replaced (see ``compact_vocabulary``): the audit decoder is untrained
             and only has to read the batch's tokens.
         seed: parameter seed of the untrained decoder.
         device: ``"cpu"`` or ``"cuda"`` for the packed attention kernels.
         examples: optionally the ``Examples`` the batch was packed from (occurrence
             ordinals index it); then the separate runs read the source tokens.
+        compact_vocabulary: relabel the distinct tokens of the audited cells to
+            ``0..U-1`` (in increasing order) and size the decoder's vocabulary ``U``.
+            A relabeling is one-to-one, so no two different tokens become alike and
+            the comparison proves the same; but the cost no longer grows with the
+            binding's vocabulary (50,000 rows of logits per cell would dominate it).
+            False: the decoder's vocabulary is the binding's.
     """
     config = config or DecoderConfig.small()
-    if config.vocab_size != batch.binding.vocab_size:
-        config = dataclasses.replace(config, vocab_size=int(batch.binding.vocab_size))
+    vocab = int(batch.binding.vocab_size)
     occ = batch.occurrences
     if len(occ) == 0:
         return AuditReport(
@@ -276,31 +322,65 @@ def audit(
             occurrences=0,
             cropped=0,
             max_positions=config.max_positions,
+            vocab_size=0,
             notes=("no occurrences: nothing to compare",),
         )
-    decoder = Decoder.init(config, seed)
     lengths = (occ["stop"] - occ["start"]).astype(np.int64)
     keep = np.minimum(lengths, config.max_positions)
     cropped = int(np.count_nonzero(keep < lengths))
     cells, placement = _cropped_cells(batch, keep)
     sources = _occurrence_sequences(batch, examples)
     sequences = [seq[: int(k) + 1] for seq, k in zip(sources, keep, strict=True)]
+    seen = np.unique(np.concatenate([cells.inputs.ravel(), cells.targets.ravel(), *sequences]))
+    seen = seen[seen != _PAD_CELL]
+    outside = seen[(seen < 0) | (seen >= vocab)]
+    if outside.size:
+        return AuditReport(
+            passed=False,
+            max_logit_diff=float("inf"),
+            max_loss_diff=float("inf"),
+            max_grad_diff=float("inf"),
+            comparisons=0,
+            occurrences=int(len(occ)),
+            cropped=cropped,
+            max_positions=config.max_positions,
+            vocab_size=vocab,
+            notes=(f"token {int(outside[0])} is outside the vocabulary [0, {vocab})",),
+        )
+    if compact_vocabulary:
+        cells.inputs = _relabel(cells.inputs, seen)
+        cells.targets = _relabel(cells.targets, seen)
+        sequences = [_relabel(seq, seen) for seq in sequences]
+        vocab = int(seen.size)
+    decoder = Decoder.init(dataclasses.replace(config, vocab_size=vocab), seed)
 
     comparison = Comparison()
     comparison.notes.extend(_position_notes(batch))
     comparison.failures += len(comparison.notes)
-    packed_logits = decoder._scatter(cells, decoder._forward(cells, device=device))
-    for seq in sequences:
-        decoder._check_tokens(seq, "audited occurrence")
-    separate_cells = [_single_cells(seq) for seq in sequences]
-    for j, (row, new, n) in enumerate(placement):
-        alone = decoder._scatter(separate_cells[j], decoder._forward(separate_cells[j]))[0]
-        comparison.add_logits(
-            packed_logits[row, new : new + n], alone, f"occurrence {int(occ['ordinal'][j])}"
-        )
-    packed = decoder._loss_and_grad(cells, device=device)
-    separate = decoder._sum_loss_and_grad(separate_cells)
-    comparison.add_loss(packed, separate)
+    # Logits stay in the eligible-cells-only form the forward pass makes ([N, V]):
+    # no [rows, capacity, V] array is built, which matters for large vocabularies.
+    loss, count, back, trace = decoder._loss_and_backward(cells, device=device)
+    packed = LossAndGrad(loss, count, back.grads)
+    del back
+    eligible_index = np.full(cells.shape, -1, np.int64)
+    eligible_index[cells.eligible] = np.arange(count)
+    parts = []
+    for members, alone in _alone_by_length(sequences):
+        loss_g, count_g, back_g, trace_g = decoder._loss_and_backward(alone)
+        parts.append(LossAndGrad(loss_g, count_g, back_g.grads))
+        length = alone.shape[1]
+        for i, j in enumerate(members):
+            row, new, n = placement[j]
+            what = f"occurrence {int(occ['ordinal'][j])}"
+            index = eligible_index[row, new : new + n]
+            if np.any(index < 0):
+                comparison.failures += 1
+                missing = int(np.sum(index < 0))
+                comparison.notes.append(f"{what}: {missing} cells not loss-eligible")
+                continue
+            own = trace_g.logits[i * length : (i + 1) * length]
+            comparison.add_logits(trace.logits[index], own, what)
+    comparison.add_loss(packed, _sum_parts(parts))
     return AuditReport(
         passed=comparison.passed,
         max_logit_diff=comparison.max_logit_diff,
@@ -310,6 +390,7 @@ def audit(
         occurrences=int(len(occ)),
         cropped=cropped,
         max_positions=config.max_positions,
+        vocab_size=vocab,
         notes=tuple(comparison.notes[:8]),
     )
 

@@ -287,13 +287,18 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 
 def _nll_sum_and_grad(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
-    """Summed NLL over rows of ``logits`` [N, V] and its gradient ``softmax - onehot``."""
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    total = exp.sum(axis=1, keepdims=True)
+    """Summed NLL over rows of ``logits`` [N, V] and its gradient ``softmax - onehot``.
+
+    Works in one scratch array the size of ``logits`` (it becomes the gradient), so a
+    large vocabulary costs two [N, V] arrays, not four.
+    """
     rows = np.arange(logits.shape[0])
-    nll = np.log(total[:, 0]) - shifted[rows, targets]
-    grad = exp / total
+    grad = logits - logits.max(axis=1, keepdims=True)
+    gold = grad[rows, targets]
+    np.exp(grad, out=grad)
+    total = grad.sum(axis=1, keepdims=True)
+    nll = np.log(total[:, 0]) - gold
+    grad /= total
     grad[rows, targets] -= 1.0
     return float(nll.sum()), grad
 

@@ -30,9 +30,13 @@ def test_worked_example_passes_with_counts():
     assert isinstance(report, AuditReport)
     assert report.passed, report.notes
     assert report.occurrences == 3 and report.cropped == 0
-    assert report.comparisons == 9 * 266 + 1 + 1188
+    # Eight distinct tokens (0, 1, 99..104) relabeled 0..7: the decoder's vocabulary.
+    assert report.vocab_size == 8
+    assert report.comparisons == 9 * 8 + 1 + DecoderConfig.small(8).parameter_count()
     assert report.max_logit_diff <= 1e-12 and report.max_grad_diff <= 1e-12
-    large = audit(batch, config=DecoderConfig.large(), seed=42)
+    full = audit(batch, compact_vocabulary=False)
+    assert full.passed and full.vocab_size == 266 and full.comparisons == 9 * 266 + 1 + 1188
+    large = audit(batch, config=DecoderConfig.large(), seed=42, compact_vocabulary=False)
     assert large.passed and large.comparisons == 2394 + 1 + 3448
 
 
@@ -44,8 +48,13 @@ def test_long_occurrences_are_cropped_for_the_audit_only():
     assert report.cropped == int(np.count_nonzero(lengths > 4)) > 0
     assert report.max_positions == 4
     kept = np.minimum(lengths, 4)
-    assert report.comparisons == int(kept.sum()) * 266 + 1 + 1188
+    vocab = report.vocab_size
+    assert (
+        report.comparisons
+        == int(kept.sum()) * vocab + 1 + DecoderConfig.small(vocab).parameter_count()
+    )
     assert audit(batch, examples=examples).passed
+    assert audit(batch, compact_vocabulary=False).passed
     assert audit(batch, config=DecoderConfig.large(), seed=3).passed
 
 
@@ -114,6 +123,15 @@ def test_audit_uses_the_batch_vocabulary():
     (batch,) = sp.pack_examples(
         examples, binding, sp.PackConfig(capacity=6, max_rows_per_batch=1)
     ).batches
-    report = audit(batch)
-    assert report.passed
+    report = audit(batch, compact_vocabulary=False)
+    assert report.passed and report.vocab_size == 1000
     assert report.comparisons == 5 * 1000 + 1 + DecoderConfig.small(1000).parameter_count()
+    assert audit(batch).vocab_size == 5  # 0, 1, 4, 7 and 999
+
+
+def test_out_of_vocabulary_token_fails_the_audit():
+    _, batch = worked_example()
+    broken = _corrupt(batch, "inputs", lambda a: a.__setitem__((0, 1), 266))
+    report = audit(broken)
+    assert not report.passed
+    assert "token 266 is outside the vocabulary [0, 266)" in report.notes[0]
