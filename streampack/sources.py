@@ -255,44 +255,50 @@ class TokenShardSource:
         return f"{self.names[shard]}#{source_id - int(self._first[shard])}"
 
     def gather(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens of documents ``ids`` concatenated in that order, as int64, and dtype flags.
+        """Tokens of documents ``ids`` concatenated in that order, and dtype flags.
 
-        Returns ``(tokens, dtype_ok)``: ``dtype_ok[i]`` is False for documents of a shard
-        whose token dtype is not int32/uint16/uint32 (their tokens come back as zeros).
+        Returns ``(tokens, dtype_ok)``. Tokens come back as int32 when every shard
+        involved holds int32 or uint16 (the common case: one copy out of the memory map),
+        as int64 when a uint32 shard is involved (its values may not fit int32; the
+        vocabulary screen catches those). ``dtype_ok[i]`` is False for documents of a
+        shard whose dtype is not int32/uint16/uint32; their tokens come back as zeros.
         """
         total = int(lengths.sum())
-        tokens = np.zeros(total, dtype=np.int64)
+        shard = self._locate(ids)
+        involved = np.unique(shard)
+        wide = any(self._tokens[s].dtype.kind == "u" and self._tokens[s].dtype.itemsize == 4
+                   for s in involved)
+        tokens = np.empty(total, dtype=np.int64 if wide else np.int32)
         dtype_ok = np.ones(len(ids), dtype=bool)
         if total == 0:
             return tokens, dtype_ok
-        out_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        shard = self._locate(ids)
-        if len(ids) and np.all(np.diff(ids) == 1) and shard[0] == shard[-1]:
+        if len(ids) and np.all(np.diff(ids) == 1) and len(involved) == 1:
             # Contiguous run in one shard: one slice of the memory map.
-            s = int(shard[0])
+            s = int(involved[0])
             local = int(ids[0] - self._first[s])
             lo = int(self._offsets[s][local])
             if self._dtype_ok[s]:
                 tokens[:] = self._tokens[s][lo : lo + total]
             else:
                 dtype_ok[:] = False
+                tokens[:] = 0
             return tokens, dtype_ok
-        for s in np.unique(shard):
+        out_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        for s in involved:
             sel = np.flatnonzero(shard == s)
-            if not self._dtype_ok[s]:
-                dtype_ok[sel] = False
-                continue
-            local = ids[sel] - self._first[s]
-            src_starts = np.asarray(self._offsets[s][local])
             lens = lengths[sel]
             n = int(lens.sum())
             if n == 0:
                 continue
-            run_starts = np.repeat(src_starts - np.cumsum(np.concatenate([[0], lens[:-1]])), lens)
-            src_index = run_starts + np.arange(n)
-            dst_index = np.repeat(
-                out_starts[sel] - np.cumsum(np.concatenate([[0], lens[:-1]])), lens
-            ) + np.arange(n)
+            before = np.cumsum(np.concatenate([[0], lens[:-1]]))
+            dst_index = np.repeat(out_starts[sel] - before, lens) + np.arange(n)
+            if not self._dtype_ok[s]:
+                dtype_ok[sel] = False
+                tokens[dst_index] = 0
+                continue
+            local = ids[sel] - self._first[s]
+            src_starts = np.asarray(self._offsets[s][local])
+            src_index = np.repeat(src_starts - before, lens) + np.arange(n)
             tokens[dst_index] = self._tokens[s][src_index]
         return tokens, dtype_ok
 
@@ -555,11 +561,12 @@ def _screen(
     doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     span = stops - starts
 
-    # Vocabulary: per-document min and max over the whole document, nonempty ones only.
-    nonempty = np.flatnonzero(lengths > 0)
+    # Vocabulary: per-document min and max over the whole document, nonempty ones only;
+    # computed only when the window as a whole has a token outside the vocabulary.
     lo = np.zeros(count, dtype=np.int64)
     hi = np.zeros(count, dtype=np.int64)
-    if len(nonempty) and len(tokens):
+    if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        nonempty = np.flatnonzero(lengths > 0)
         lo[nonempty] = np.minimum.reduceat(tokens, doc_starts[nonempty])
         hi[nonempty] = np.maximum.reduceat(tokens, doc_starts[nonempty])
     checks = (
@@ -606,7 +613,7 @@ def _screen(
         epoch=epoch,
         index=index,
         documents=count,
-        tokens=kept_tokens.astype(np.int32),
+        tokens=kept_tokens.astype(np.int32, copy=False),
         offsets=offsets,
         start=starts[keep].astype(np.int64),
         stop=stops[keep].astype(np.int64),
