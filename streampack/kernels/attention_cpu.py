@@ -56,6 +56,10 @@ GEMM_BUDGET = 64 * 64 * 64
 
 _LOG2E = 1.4426950408889634
 
+#: Fast-math flags that keep IEEE infinities and NaNs (no ``nnan``/``ninf``) but let
+#: LLVM reassociate sums, so row sums and the exp loop vectorise.
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp", "afn"}
+
 
 def key_tile(head_dim: int) -> int:
     """Keys per chunk for ``head_dim``: as many as the GEMM budget allows, at least 8."""
@@ -232,7 +236,7 @@ def plan_backward(starts, valid, heads, tile_q, n_bins):  # pragma: no cover - c
     return _deal(cost, n_bins)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
 def forward(
     q, k, v, starts, valid, scale, tile_q, tile_k, task_rh, task_q0, order, offsets, out, lse
 ):  # pragma: no cover - compiled
@@ -316,7 +320,7 @@ def forward(
                 a = b
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=_FASTMATH)
 def backward(
     q,
     k,
@@ -374,8 +378,10 @@ def backward(
                 vb = v[base + c : base + e]
                 dk_acc = dk_buf[: nk * dim].reshape(nk, dim)
                 dv_acc = dv_buf[: nk * dim].reshape(nk, dim)
-                dk_acc[:, :] = 0.0
-                dv_acc[:, :] = 0.0
+                for x in range(nk):
+                    for d in range(dim):
+                        dk_acc[x, d] = 0.0
+                        dv_acc[x, d] = 0.0
                 for a in range(c, q_end, tile_q):
                     b = min(a + tile_q, q_end)
                     nq = b - a
@@ -390,19 +396,25 @@ def backward(
                         hi = min(a + x - c + 1, nk)
                         shift = lse[rh, a + x]
                         dlt = delta[a + x]
-                        for j in range(nk):
-                            if j >= lo and j < hi:
-                                pj = _exp_nonpositive(p[x, j] * scale - shift)
-                                p[x, j] = pj
-                                dp[x, j] = pj * (dp[x, j] - dlt) * scale
-                            else:
-                                p[x, j] = 0.0
-                                dp[x, j] = 0.0
+                        for j in range(min(lo, nk)):
+                            p[x, j] = 0.0
+                            dp[x, j] = 0.0
+                        for j in range(lo, hi):
+                            pj = _exp_nonpositive(p[x, j] * scale - shift)
+                            p[x, j] = pj
+                            dp[x, j] = pj * (dp[x, j] - dlt) * scale
+                        for j in range(max(hi, lo), nk):
+                            p[x, j] = 0.0
+                            dp[x, j] = 0.0
                     tmp = tmp_buf[: nk * dim].reshape(nk, dim)
                     np.dot(p.T, doc, tmp)
-                    dv_acc += tmp
+                    for x in range(nk):
+                        for d in range(dim):
+                            dv_acc[x, d] += tmp[x, d]
                     np.dot(dp.T, qc, tmp)
-                    dk_acc += tmp
+                    for x in range(nk):
+                        for d in range(dim):
+                            dk_acc[x, d] += tmp[x, d]
                     tmq = tmp_buf[: nq * dim].reshape(nq, dim)
                     np.dot(dp, kb, tmq)
                     for x in range(nq):
