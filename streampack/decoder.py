@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from .errors import BindingMismatch, InvalidConfig, InvalidExample
+from .kernels.attention import range_attention, range_attention_backward
 
 if TYPE_CHECKING:
     from .batch import PackedBatch
@@ -59,18 +60,21 @@ _RMS_EPS = 1e-6
 _ROPE_BASE = 10000.0
 
 
-def _range_attention(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
-    from .kernels.attention import range_attention
+def _host(x: Any) -> np.ndarray:
+    """Results of ``device="cuda"`` are device arrays; the decoder works on the host."""
+    return x.copy_to_host() if hasattr(x, "copy_to_host") else x
 
-    return range_attention(*args, **kwargs)
+
+def _range_attention(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+    out, lse = range_attention(*args, **kwargs)
+    return _host(out), _host(lse)
 
 
 def _range_attention_backward(
     *args: Any, **kwargs: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    from .kernels.attention import range_attention_backward
-
-    return range_attention_backward(*args, **kwargs)
+    dq, dk, dv = range_attention_backward(*args, **kwargs)
+    return _host(dq), _host(dk), _host(dv)
 
 
 # ---------------------------------------------------------------------------------------
