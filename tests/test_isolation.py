@@ -6,14 +6,28 @@ logits, its loss and every parameter gradient stay put while the derivatives flo
 into A's and the padding's activations are exactly zero. Each check is repeated with
 the packed run's ranges widened to the whole causal prefix of the row (an ordinary
 causal mask) and must then fail: the range guard, not luck, keeps the examples apart.
+
+Last, the permitted edge inventory is the same whether visited query by query, tile
+by tile over the dense grid, or the way the CPU kernel walks its blocks, for tiles of
+width 2 and the kernels' real tile sizes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from _decoder_cases import A_COLUMNS, B_COLUMNS, ROW0_PADDING, worked_decoder, worked_example
+from _decoder_cases import (
+    A_COLUMNS,
+    B_COLUMNS,
+    BINDING,
+    PROFILES,
+    ROW0_PADDING,
+    random_case,
+    worked_decoder,
+    worked_example,
+)
 
+import streampack as sp
 from streampack.audit import _max_diff_and_failures
 
 NOT_B = A_COLUMNS + ROW0_PADDING
@@ -134,3 +148,93 @@ def test_every_layer_and_head_keeps_the_boundary(layer):
         for head in range(decoder.config.heads)
         for name in ("dk", "dv")
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Tile traversal: the order of visiting edges does not change which edges exist
+# ---------------------------------------------------------------------------------------
+
+
+def _query_inventory(batch):
+    """Every permitted (row, query, key), query by query, by the full rule (C6)."""
+    return [
+        (r, q, k)
+        for r in range(batch.rows)
+        for q in range(batch.capacity)
+        for k in range(batch.capacity)
+        if batch.allowed_key(r, q, k)
+    ]
+
+
+def _grid_inventory(batch, tile_q, tile_k):
+    """The same rule visited tile by tile over the dense [capacity, capacity] grid."""
+    cap = batch.capacity
+    return [
+        (r, q, k)
+        for r in range(batch.rows)
+        for q0 in range(0, cap, tile_q)
+        for k0 in range(0, cap, tile_k)
+        for q in range(q0, min(q0 + tile_q, cap))
+        for k in range(k0, min(k0 + tile_k, cap))
+        if batch.allowed_key(r, q, k)
+    ]
+
+
+def _cpu_kernel_inventory(batch, tile_q, tile_k):
+    """The CPU kernel's own traversal: query tiles cut into blocks at segment starts by
+    its compiled ``_next_block``, keys ``[lowest, b)`` in chunks of ``tile_k``, and the
+    per-element window ``[lo, hi)`` its softmax loop reads."""
+    from streampack.kernels.attention_cpu import _next_block
+
+    starts = np.ascontiguousarray(batch.segment_starts, np.int32)
+    valid = batch.valid_lengths
+    edges = []
+    for r in range(batch.rows):
+        for q0 in range(0, batch.capacity, tile_q):
+            q1 = min(q0 + tile_q, int(valid[r]))
+            a = q0
+            while a < q1:
+                b, lowest = _next_block(starts[r], a, q1, tile_q)
+                for k0 in range(lowest, b, tile_k):
+                    nk = min(k0 + tile_k, b) - k0
+                    for q in range(a, b):
+                        lo, hi = max(starts[r, q] - k0, 0), min(q - k0 + 1, nk)
+                        edges += [(r, q, k0 + j) for j in range(lo, hi)]
+                a = b
+    return edges
+
+
+def _wide_batch():
+    """Rows of 150 with segments up to 70 long: real 64-query tiles cross segment starts."""
+    rng = np.random.default_rng(5)
+    documents = [rng.integers(0, 266, size=int(n)) for n in rng.integers(2, 72, size=12)]
+    examples = sp.Examples.from_documents(documents)
+    config = sp.PackConfig(capacity=150, max_rows_per_batch=8)
+    return sp.pack_examples(examples, BINDING, config).batches[0]
+
+
+def _traversal_batches():
+    batches = [worked_example()[1], _wide_batch()]
+    for profile in PROFILES.values():
+        for seed in range(5):
+            examples, pack_config = random_case(seed, profile)
+            binding = sp.Binding(profile.vocab_size, "random", f"seed-{seed}", "train")
+            batches += sp.pack_examples(examples, binding, pack_config).batches
+    return batches
+
+
+def test_tile_traversal_visits_the_same_edges_as_query_order():
+    from streampack.kernels import attention_cpu, attention_cuda
+
+    tilings = {(2, 2), (3, 2)}
+    for head_dim in {p.head_dim for p in PROFILES.values()}:
+        tilings.add((attention_cpu.TILE_Q, attention_cpu.key_tile(head_dim)))
+        tilings.add((attention_cuda.TILE_Q, attention_cuda.key_tile(head_dim, 8)))
+    for batch in _traversal_batches():
+        by_query = _query_inventory(batch)
+        assert len(by_query) == batch.stats()["permitted_edges"]
+        for tile_q, tile_k in sorted(tilings):
+            assert sorted(_grid_inventory(batch, tile_q, tile_k)) == by_query
+            by_kernel = _cpu_kernel_inventory(batch, tile_q, tile_k)
+            assert len(by_kernel) == len(set(by_kernel)), "an edge was visited twice"
+            assert sorted(by_kernel) == by_query, (tile_q, tile_k)
