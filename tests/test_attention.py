@@ -380,3 +380,26 @@ def test_device_arrays_are_refused_on_the_cpu_path():
     args = _good()
     with pytest.raises(InvalidArray, match=r"q is a CUDA array"):
         range_attention(FakeDeviceArray(), *_forward_args(args)[1:])
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_key_query_end_is_one_past_the_last_query_that_sees_each_key(data):
+    """The dK/dV loop bound: checked against its definition, on arbitrary ranges."""
+    from streampack.kernels.attention_cpu import key_query_end
+
+    capacity = data.draw(st.integers(1, 24))
+    valid = np.array([data.draw(st.integers(0, capacity))], np.int32)
+    contiguous = data.draw(st.booleans())
+    starts = np.full((1, capacity), -1, np.int32)
+    for c in range(valid[0]):
+        if contiguous:
+            starts[0, c] = c if c == 0 or data.draw(st.booleans()) else starts[0, c - 1]
+        else:
+            starts[0, c] = data.draw(st.integers(0, c))
+    got = np.empty((1, capacity), np.int32)
+    key_query_end(starts, valid, got)
+    mask = range_mask(starts, valid)[0]  # [query, key]
+    for key in range(capacity):
+        seen_by = np.flatnonzero(mask[:, key])
+        assert got[0, key] == (seen_by.max() + 1 if seen_by.size else key), key

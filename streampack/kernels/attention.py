@@ -16,7 +16,12 @@ here, before any kernel runs, so a kernel never reads outside its arrays:
 * with ``device="cuda"``, inputs may be numpy arrays (copied to the device) or any
   object exposing ``__cuda_array_interface__`` (PyTorch CUDA tensors, Numba device
   arrays), which must then be C-contiguous; results are Numba device arrays, never
-  copied back to the host.
+  copied back to the host. The range arrays are small and are checked on the host
+  (copied there first if they live on the device); the ``lse`` finiteness check of the
+  backward runs only for host arrays.
+
+The CPU kernels do their block products with ``np.dot`` inside Numba, which calls the
+BLAS that SciPy ships; SciPy is therefore a dependency of this module.
 """
 
 from __future__ import annotations
@@ -221,6 +226,9 @@ def range_attention(
             inactive (next-fit leaves padding only at each row's tail).
         scale: multiplies the scores; ``1 / sqrt(head_dim)`` when None.
         device: ``"cpu"`` (Numba, parallel over threads) or ``"cuda"``.
+        _tiles: ``(query tile, key tile)`` sizes instead of the kernels' constants; for
+            tests that need tile edges on small shapes. Results do not depend on them
+            beyond rounding.
 
     Returns:
         ``out`` like ``q`` (0 on inactive queries) and ``lse = log(sum(exp(scores)))``

@@ -21,7 +21,7 @@ Nothing outside the triangles is touched. Work is cut into **blocks**: a run of 
 ``tile_q`` consecutive queries that stops before every segment start (a query with
 ``starts[q] == q``), so one block never mixes two segments of a packed row. A query
 block ``[a, b)`` needs keys ``[min(starts[a:b]), b)``; those are taken ``tile_k`` at a
-time, the scores of a chunk are one small GEMM (``np.dot``: Numba hands it to BLAS),
+time, the scores of a chunk are one small GEMM (``np.dot``: Numba hands it to SciPy's BLAS),
 the mask is applied per element only where a chunk crosses a range edge, and softmax
 is online (running max and sum, rescaled per chunk). Each GEMM is at most
 ``64 * 64 * 64`` multiply-adds, which keeps OpenBLAS on the calling thread (no nested
