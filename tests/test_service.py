@@ -133,7 +133,7 @@ def test_drop_tail_gives_every_rank_floor_share():
 
 def test_kill_9_of_a_worker_mid_epoch_changes_nothing():
     """Property 3: a worker killed holding windows; its windows are reissued."""
-    settings = {"epochs": 2, "reorder_budget_bytes": 150_000, "heartbeat_timeout": 1.0}
+    settings = {"epochs": 2, "reorder_budget_bytes": 150_000, "heartbeat_timeout": 2.0}
     want = expected(FIXTURE, 0, 1, **settings)
     with Service(FIXTURE, **settings) as service:
         victim = service.add_worker()

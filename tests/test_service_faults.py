@@ -216,7 +216,7 @@ def test_sigterm_stops_serve_quickly_with_no_orphans():
 
 
 def test_a_worker_killed_under_serve_is_restarted():
-    with Service(FIXTURE, serve_workers=1, heartbeat_timeout=1.0) as service:
+    with Service(FIXTURE, serve_workers=1, heartbeat_timeout=2.0) as service:
         deadline = time.monotonic() + 60
         while not children(service.producer.pid) and time.monotonic() < deadline:
             time.sleep(0.05)

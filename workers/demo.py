@@ -207,6 +207,8 @@ def main(args: argparse.Namespace) -> int:
           f"throughput {valid / seconds / 1e6:.3f} M tokens/s over {seconds:.2f}s")
     print(f"audit         {audited} batches audited, {failures} failed"
           f"{'' if audit_ok else '  <-- FAILED'}")
+    if failures:
+        print(f"              {stats.get('last_audit_error', '')[:300]}")
     print(f"exactly once  {'yes' if exactly_once else 'NO'}: every selected (document, range) "
           f"arrived {'exactly once' if exactly_once else 'NOT exactly once'} across "
           f"{RANKS} ranks; equal batches per rank: {'yes' if equal_counts else 'NO'}")

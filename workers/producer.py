@@ -24,7 +24,7 @@ Properties and how they hold:
 - *Exactly once.* A result is identified by (epoch, window, batch): one that is not
   awaited (a duplicate from a reissued window, or stale after a rewind) is dropped.
 - *Worker failure.* A worker silent for ``heartbeat_timeout`` loses its windows; they
-  are reissued, lowest first. A window that fails three times, or whose worker reports
+  are reissued, lowest first. A window lost five times, or whose worker reports
   ``failed``, is quarantined whole (its documents are written to the quarantine file)
   and counts as zero batches, so the stream goes on.
 - *Resume.* A rank's cursor (epoch, next index) is all it needs: a fetch for a batch
@@ -66,7 +66,7 @@ from streampack.errors import InvalidConfig, ProtocolError
 from streampack.settings import ProducerSettings, add_flags, from_args
 from streampack.sources import CutSpec, Window, iter_windows, open_corpus
 
-MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = 5  # a window lost this often is quarantined (it may be killing workers)
 COUNTERS = (
     "workers_joined", "workers_lost", "windows_cut", "windows_issued", "windows_reissued",
     "windows_completed", "windows_failed", "batches_received", "batches_served",
@@ -400,6 +400,7 @@ class Producer:
         self.stats["audit_failures"] += f["audit_failures"]
         self.stats["pack_seconds"] += f["seconds"]
         if f["audit_error"]:
+            self.stats["last_audit_error"] = f["audit_error"][:500]
             self.log(f"producer: audit failures in window {key}: {f['audit_error']}")
         state = self.inflight.get(key)
         if state is None:

@@ -25,6 +25,7 @@ is bounded by ``window_tokens`` and packs in milliseconds.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -61,15 +62,23 @@ def pack_config_from_wire(config: dict[str, Any]) -> PackConfig:
         raise wire.ProtocolError(f"window config {config!r} is malformed: {exc}") from None
 
 
-def _warm_up(audit: Any = None) -> None:
-    """Compile (or load from the Numba cache) every kernel a window will need."""
+def _warm_up(audit: Any = None) -> str:
+    """Compile (or load from the Numba cache) every kernel a window will need.
+
+    Returns "" or, when the audit itself cannot run, why (the worker then packs
+    without auditing and reports every skipped audit as a failure).
+    """
     from streampack import Binding
 
     binding = Binding(vocab_size=8, tokenizer="warm-up", split_receipt="warm-up", partition="train")
     examples = Examples.from_documents([[1, 2, 3], [4, 5]])
     epoch = pack_examples(examples, binding, PackConfig(capacity=4, max_rows_per_batch=1))
     if audit is not None:
-        audit(epoch.batches[0], examples=examples)
+        try:
+            audit(epoch.batches[0], examples=examples)
+        except Exception as exc:  # an audit bug must not stop packing
+            return f"audit unavailable: {type(exc).__name__}: {exc}"
+    return ""
 
 
 class Worker:
@@ -84,9 +93,11 @@ class Worker:
                          "audit_failures": 0}
         self._audit_seen = 0
         self._audit_fn: Any = None
+        self._audit_broken = ""
+        self._next_beat = 0.0
         if settings.audit_every:
             try:
-                from streampack import audit as audit_module
+                audit_module = importlib.import_module("streampack.audit")
             except ImportError as exc:
                 raise StreampackError(
                     f"--audit-every {settings.audit_every} needs streampack.audit, which is "
@@ -100,12 +111,17 @@ class Worker:
 
     def _audit(self, batch: Any, examples: Examples) -> tuple[int, int, str]:
         """Audit every N-th batch this worker packs; returns (audited, failures, note)."""
-        if self._audit_fn is None:
+        if not self.settings.audit_every:
             return 0, 0, ""
         self._audit_seen += 1
         if self._audit_seen % self.settings.audit_every:
             return 0, 0, ""
-        report = self._audit_fn(batch, examples=examples)
+        if self._audit_broken:
+            return 1, 1, self._audit_broken
+        try:
+            report = self._audit_fn(batch, examples=examples)
+        except Exception as exc:  # counted as a failed audit; packing goes on
+            return 1, 1, f"audit raised {type(exc).__name__}: {exc}"[:1000]
         if report.passed:
             return 1, 0, ""
         return 1, 1, "; ".join(report.notes)[:1000] or "audit failed"
@@ -137,6 +153,7 @@ class Worker:
                 {"epoch": epoch, "window": window, "batch": index, "batches": len(batches)},
                 wire.batch_arrays(batch),
             )
+            self._beat_if_due(socket)  # audits are slow: stay visibly alive between batches
         self.counters["windows"] += 1
         self.counters["batches"] += len(batches)
         self.counters["audited"] += audited
@@ -155,18 +172,24 @@ class Worker:
             },
         )
 
+    def _beat_if_due(self, socket: zmq.Socket) -> None:
+        if time.monotonic() >= self._next_beat:
+            self._send(socket, "heartbeat", {"free": self.settings.prefetch})
+            self._next_beat = time.monotonic() + self.settings.heartbeat_interval
+
     def run(self) -> int:
-        _warm_up(self._audit_fn)
+        self._audit_broken = _warm_up(self._audit_fn)
+        if self._audit_broken:
+            self.log(f"worker: {self._audit_broken}; packing continues, audits count as failed")
         context = zmq.Context()
         socket = context.socket(zmq.DEALER)
         wire.configure_socket(socket, self.settings.max_message_bytes)
         socket.connect(self.settings.connect)
         self._send(socket, "ready", {"credit": self.settings.prefetch})
-        interval = self.settings.heartbeat_interval
-        next_beat = time.monotonic() + interval
+        self._next_beat = time.monotonic() + self.settings.heartbeat_interval
         try:
             while not self.stopping:
-                timeout = max(0.0, next_beat - time.monotonic())
+                timeout = max(0.0, self._next_beat - time.monotonic())
                 if socket.poll(int(timeout * 1000) + 1, zmq.POLLIN):
                     frames = socket.recv_multipart(copy=False)
                     try:
@@ -182,9 +205,7 @@ class Worker:
                         continue
                     self.handle_window(socket, message)
                     self._send(socket, "ready", {"credit": 1})
-                if time.monotonic() >= next_beat:
-                    self._send(socket, "heartbeat", {"free": self.settings.prefetch})
-                    next_beat = time.monotonic() + interval
+                self._beat_if_due(socket)
         finally:
             socket.close(linger=0)
             context.term()
