@@ -393,6 +393,11 @@ class Decoder:
         return self._scatter(cells, self._forward(cells, device=device))
 
     def loss_and_grad_packed(self, batch: PackedBatch, device: str = "cpu") -> LossAndGrad:
+        """Raw NLL sum over the batch's loss-eligible cells, their count, d(sum)/d(params).
+
+        A sum, not the token mean of rule C7, so that it can be compared with the sum
+        of the examples' separate losses; divide both by ``count`` for the mean.
+        """
         return self._loss_and_grad(self._cells_from_batch(batch), device=device)
 
     def loss_and_grad_separate(self, examples: Examples, device: str = "cpu") -> LossAndGrad:
@@ -400,6 +405,7 @@ class Decoder:
         return self._sum_loss_and_grad(self._cells_separate(examples), device=device)
 
     def loss_and_grad_padded(self, examples: Examples, device: str = "cpu") -> LossAndGrad:
+        """As :meth:`loss_and_grad_packed`, one example per right-padded row."""
         return self._loss_and_grad(self._cells_padded(examples), device=device)
 
     # -- layouts ----------------------------------------------------------------------
@@ -459,7 +465,7 @@ class Decoder:
         )
 
     def _cells_from_batch(self, batch: PackedBatch) -> _Cells:
-        """The packed batch's own arrays, unchanged: this is what the audit tests."""
+        """The batch's own arrays, unchanged, so any layout mistake reaches the results."""
         if batch.binding.vocab_size != self.config.vocab_size:
             raise BindingMismatch(
                 f"batch vocabulary size {batch.binding.vocab_size} differs from the "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numba
 import numpy as np
+import pytest
 
 import streampack as sp
 from streampack.decoder import Decoder, DecoderConfig
@@ -16,6 +18,23 @@ B_COLUMNS = [3, 4]
 ROW0_PADDING = [5]
 
 PROFILES = {"small": DecoderConfig.small(), "large": DecoderConfig.large()}
+
+
+@pytest.fixture
+def one_numba_thread():
+    """Run the compiled kernels on one thread for the duration of a test.
+
+    The suites below make thousands of kernel calls on arrays of a few hundred values,
+    where waking a thread pool costs more than the work (several times more on a
+    loaded machine). The kernels' results do not depend on the thread count; their
+    own tests cover the threaded path, and the worked-example tests here keep it.
+    """
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 def worked_example() -> tuple[sp.Examples, sp.PackedBatch]:

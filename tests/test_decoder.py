@@ -6,7 +6,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from _decoder_cases import BINDING, worked_decoder, worked_example
+from _decoder_cases import (
+    BINDING,
+    one_numba_thread,  # noqa: F401 (a fixture)
+    worked_decoder,
+    worked_example,
+)
 
 import streampack as sp
 from streampack.decoder import Decoder, DecoderConfig
@@ -183,6 +188,7 @@ def _two_example_batch(config: DecoderConfig) -> sp.PackedBatch:
     return batch
 
 
+@pytest.mark.usefixtures("one_numba_thread")
 def test_finite_differences_small_profile():
     """Every coordinate but the embedding rows of tokens the batch never reads, of which
     a seeded sample of 12 stands in (they meet the loss through the tied output only)."""
@@ -202,6 +208,7 @@ def test_finite_differences_small_profile():
     assert checked == 1188 - (266 - len(read) - 12) * 4
 
 
+@pytest.mark.usefixtures("one_numba_thread")
 def test_finite_differences_large_profile_sampled():
     """Two layers: the residual path through both blocks, on a sample of coordinates."""
     decoder = Decoder.init(DecoderConfig.large(), 5)

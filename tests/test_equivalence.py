@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _decoder_cases import PROFILES, random_case, worked_decoder, worked_example
+from _decoder_cases import (
+    PROFILES,
+    one_numba_thread,  # noqa: F401 (a fixture)
+    random_case,
+    worked_decoder,
+    worked_example,
+)
 
 import streampack as sp
 from streampack.audit import compare_executions, decoder_trace
@@ -36,6 +42,7 @@ def _leak_is_visible(batch: sp.PackedBatch) -> bool:
 
 
 @pytest.mark.parametrize("profile", list(PROFILES))
+@pytest.mark.usefixtures("one_numba_thread")
 def test_packed_separate_padded_agree_over_100_seeds(profile):
     config = PROFILES[profile]
     totals = {"batches": 0, "occurrences": 0, "logits": 0, "losses": 0, "gradients": 0}
