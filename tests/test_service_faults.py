@@ -280,3 +280,29 @@ def test_memory_stays_within_budgets_with_a_slow_consumer(tmp_path):
         assert after - before <= allowance, (pid_index, before, after)
     # The producer did not run ahead: it cut only a little more than was consumed.
     assert final["stats"]["batches_received"] <= 80 + 100
+
+
+def test_unbounded_epochs_stream_on_and_audits_reach_the_producer():
+    """epochs = 0 streams epoch after epoch (each its own shuffle); ``--audit-every``
+    audits batches in the workers and the producer counts the outcomes."""
+    from _service import SMALL
+
+    from streampack.client import BatchStream
+    from streampack.settings import ProducerSettings
+    from workers.digest import rank_stream
+
+    settings = {"epochs": 0, "shuffle": True, "seed": 2}
+    reference = rank_stream(ProducerSettings(corpus=str(FIXTURE), **SMALL, **settings), 0, 1)
+    want = [next(reference) for _ in range(110)]  # two epochs and a bit (~47 each)
+    assert want[-1][0] == 2
+    with Service(FIXTURE, serve_workers=1, audit_every=10, **settings) as service:
+        with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=120) as s:
+            got = []
+            for batch in s:
+                got.append((*s.current, batch.digest()))
+                if len(got) == len(want):
+                    break
+        counters = service.stats()
+    assert got == [(e, i, b.digest()) for e, i, b in want]
+    assert counters["audited"] >= 5
+    assert counters["audit_failures"] == 0, counters.get("last_audit_error")
