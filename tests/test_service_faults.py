@@ -306,3 +306,17 @@ def test_unbounded_epochs_stream_on_and_audits_reach_the_producer():
     assert got == [(e, i, b.digest()) for e, i, b in want]
     assert counters["audited"] >= 5
     assert counters["audit_failures"] == 0, counters.get("last_audit_error")
+
+
+def test_a_corpus_with_nothing_packable_ends_an_unbounded_stream(tmp_path):
+    """Every document bad and epochs = 0: the stream ends (no busy loop), all quarantined."""
+    lines = ['{"tokens": [1]}', "not json", '{"tokens": [1, 2, 9999]}']
+    (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "format": "streampack-corpus", "version": 1, "binding": BINDING,
+        "jsonl": ["docs.jsonl"]}))
+    with Service(tmp_path, serve_workers=1, epochs=0) as service:
+        out = result(consume(service.consumer_endpoint, 0, 1))
+        counters = service.stats()
+    assert out["batches"] == 0
+    assert counters["quarantined"] == 3

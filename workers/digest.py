@@ -69,6 +69,8 @@ def rank_stream(
                 yield epoch, g, PackedBatch.filler_like(
                     binding, settings.max_rows_per_batch, settings.capacity
                 )
+        if total == 0:
+            return  # no documents: every epoch is empty, so an unbounded stream ends
         epoch += 1
 
 

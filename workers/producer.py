@@ -141,6 +141,7 @@ class Producer:
         self.cut_next = 0
         self._cutter: Any = None
         self.windows_in_epoch: dict[int, int] = {}
+        self._end_epoch: int | None = None
 
         # Assembler: the next window to number, and the next global index.
         self.asm_epoch = 0
@@ -167,6 +168,8 @@ class Producer:
         self._cutter = iter_windows(self.source, epoch, self.spec, start_window=window)
 
     def _epoch_live(self, epoch: int) -> bool:
+        if self._end_epoch is not None and epoch >= self._end_epoch:
+            return False  # the corpus has no documents: an unbounded stream ends at once
         return self.settings.epochs == 0 or epoch < self.settings.epochs
 
     def _cut_one(self) -> Window | None:
@@ -180,6 +183,8 @@ class Producer:
                 self._record_quarantine(window)
                 return window
             self.windows_in_epoch[self.cut_epoch] = self.cut_next
+            if self.cut_next == 0 and self._end_epoch is None:
+                self._end_epoch = self.cut_epoch
             self._reset_cutter(self.cut_epoch + 1, 0)
             self._try_assemble()
         return None
@@ -417,6 +422,8 @@ class Producer:
             total = self.windows_in_epoch.get(self.asm_epoch)
             if total is not None and self.asm_window >= total:
                 self.totals[self.asm_epoch] = self.asm_index
+                if self.asm_index == 0 and self._end_epoch is None:
+                    self._end_epoch = self.asm_epoch  # nothing packable: every epoch is empty
                 self._drop_tail(self.asm_epoch)
                 self.asm_epoch += 1
                 self.asm_window = 0
