@@ -40,9 +40,14 @@ _DEVICES = ("cpu", "cuda")
 def _is_device_array(x: Any) -> bool:
     """CUDA memory: the CUDA array interface, or a Numba device array (whose simulator
     stand-in has ``copy_to_host`` but no interface)."""
-    return hasattr(x, "__cuda_array_interface__") or (
-        hasattr(x, "copy_to_host") and hasattr(x, "is_c_contiguous")
-    )
+    try:
+        has_interface = hasattr(x, "__cuda_array_interface__")
+    except Exception as exc:  # noqa: BLE001 - e.g. a PyTorch tensor that requires grad
+        raise InvalidArray(
+            f"a {type(x).__name__} refused to expose its CUDA memory ({exc}); "
+            "accepted: plain device arrays (for PyTorch, pass tensor.detach())"
+        ) from exc
+    return has_interface or (hasattr(x, "copy_to_host") and hasattr(x, "is_c_contiguous"))
 
 
 def _host_float(name: str, x: Any) -> np.ndarray:
@@ -311,9 +316,9 @@ def range_attention_backward(
         tile_q, tile_k = _tiles or (cpu.TILE_Q, cpu.key_tile(dim))
         key_end = np.empty((rows, capacity), np.int32)
         cpu.key_query_end(starts, valid, key_end)
-        order, offsets = cpu.plan_backward(starts, valid, heads, tile_q, numba.get_num_threads())
+        plan = cpu.plan_backward(starts, valid, heads, tile_q, numba.get_num_threads())
         cpu.backward(
             qf, kf, vf, of, lse_host, gf, starts, valid, key_end, scale_value,
-            tile_q, tile_k, order, offsets, dq, dk, dv,
+            tile_q, tile_k, *plan, dq, dk, dv,
         )
     return dq.reshape(shape), dk.reshape(shape), dv.reshape(shape)

@@ -27,17 +27,18 @@ is online (running max and sum, rescaled per chunk). Each GEMM is at most
 ``64 * 64 * 64`` multiply-adds, which keeps OpenBLAS on the calling thread (no nested
 thread pools under ``prange``).
 
-Parallelism: the planner deals tasks (query tiles for the forward, whole ``(row, head)``
-pairs for the backward) into one bin per thread, longest first, each to the least
-loaded bin; ``prange`` runs over bins. A task writes only its own cells, so there are
-no races and no atomics, and the result does not depend on the thread count.
+Parallelism: the planner deals tasks (query tiles for the forward, independent column
+chunks of one ``(row, head)`` for the backward) into one bin per thread, longest first,
+each to the least loaded bin; ``prange`` runs over bins. A task writes only its own
+cells, so there are no races and no atomics, and the result does not depend on the thread count.
 
 Backward (flash style): ``P`` is recomputed from the saved ``lse``; ``D = rowsum(dO*O)``.
 For each key block ``[c, e)`` the queries that may see it are ``[c, key_end)`` where
 ``key_end`` (from :func:`key_query_end`) is one past the last query whose range reaches
 the block; ``dK``/``dV`` of the block accumulate in scratch and are written once, while
-``dQ`` accumulates in place — it belongs to the same ``(row, head)`` task. This does
-five GEMMs per block pair instead of the seven that separate dQ and dK/dV passes need.
+``dQ`` accumulates in place — it belongs to the same task, a chunk of columns that no
+range crosses (in a packed row, whole segments). This does five GEMMs per block pair
+instead of the seven that separate dQ and dK/dV passes need.
 """
 
 from __future__ import annotations
@@ -220,20 +221,60 @@ def plan_forward(starts, valid, heads, tile_q, n_bins):  # pragma: no cover - co
 
 @njit(cache=True)
 def plan_backward(starts, valid, heads, tile_q, n_bins):  # pragma: no cover - compiled
-    """Tasks are whole ``(row, head)`` pairs, costed by their score cells."""
+    """Tasks ``(row * heads + head, first column, end column)`` of independent chunks.
+
+    A column ``p`` is a cut when no query at or after it reaches back before it
+    (``min(starts[p:valid]) >= p``): then no key left of ``p`` is seen from its right,
+    so ``dq`` of the queries and ``dk``/``dv`` of the keys in ``[cut, next cut)`` depend
+    on that chunk alone. Chunks are grown to at least ``tile_q`` columns, cut where
+    possible (between segments of a packed row; never, for ranges that reach back to the
+    row start). Returns ``(task_rh, task_lo, task_hi, order, offsets)`` as
+    :func:`plan_forward`.
+    """
     rows, capacity = starts.shape
-    row_cost = np.zeros(rows, np.float64)
+    chunk_lo = np.empty(rows * capacity, np.int64)
+    chunk_hi = np.empty(rows * capacity, np.int64)
+    chunk_row = np.empty(rows * capacity, np.int64)
+    chunk_cost = np.empty(rows * capacity, np.float64)
+    suffix_min = np.empty(capacity + 1, np.int64)
+    n_chunks = 0
     for r in range(rows):
-        a = 0
-        while a < valid[r]:
-            b, lowest = _next_block(starts[r], a, valid[r], tile_q)
-            row_cost[r] += (b - a) * (b - lowest) + 16.0
-            a = b
-    cost = np.empty(rows * heads, np.float64)
-    for r in range(rows):
+        n_valid = valid[r]
+        suffix_min[n_valid] = n_valid
+        for p in range(n_valid - 1, -1, -1):
+            suffix_min[p] = min(suffix_min[p + 1], starts[r, p])
+        c = 0
+        while c < n_valid:
+            e = c + 1
+            while e < n_valid and (e - c < tile_q or suffix_min[e] < e):
+                e += 1
+            cost = 0.0
+            a = c
+            while a < e:
+                b, lowest = _next_block(starts[r], a, e, tile_q)
+                cost += (b - a) * (b - lowest) + 16.0
+                a = b
+            chunk_lo[n_chunks] = c
+            chunk_hi[n_chunks] = e
+            chunk_row[n_chunks] = r
+            chunk_cost[n_chunks] = cost
+            n_chunks += 1
+            c = e
+    count = n_chunks * heads
+    task_rh = np.empty(count, np.int64)
+    task_lo = np.empty(count, np.int64)
+    task_hi = np.empty(count, np.int64)
+    cost = np.empty(count, np.float64)
+    i = 0
+    for t in range(n_chunks):
         for h in range(heads):
-            cost[r * heads + h] = row_cost[r]
-    return _deal(cost, n_bins)
+            task_rh[i] = chunk_row[t] * heads + h
+            task_lo[i] = chunk_lo[t]
+            task_hi[i] = chunk_hi[t]
+            cost[i] = chunk_cost[t]
+            i += 1
+    order, offsets = _deal(cost, n_bins)
+    return task_rh, task_lo, task_hi, order, offsets
 
 
 @njit(parallel=True, cache=True, fastmath=_FASTMATH)
@@ -334,13 +375,16 @@ def backward(
     scale,
     tile_q,
     tile_k,
+    task_rh,
+    task_lo,
+    task_hi,
     order,
     offsets,
     dq,
     dk,
     dv,
 ):  # pragma: no cover - compiled
-    """Accumulate ``dq`` and write ``dk``/``dv`` for every ``(row, head)`` task.
+    """Accumulate ``dq`` and write ``dk``/``dv`` for every planned independent chunk.
 
     Arrays as in :func:`forward`; ``dq``, ``dk``, ``dv`` arrive zeroed, and cells no
     active query reaches (padding keys, inactive queries) stay exactly zero.
@@ -358,18 +402,19 @@ def backward(
         dv_buf = np.empty(tile_k * dim, dtype)
         delta = np.empty(capacity, dtype)
         for i in range(offsets[bin_index], offsets[bin_index + 1]):
-            rh = order[i]
+            task = order[i]
+            rh = task_rh[task]
             r = rh // heads
             base = rh * capacity
-            n_valid = valid[r]
-            for x in range(n_valid):
+            c = task_lo[task]
+            c_end = task_hi[task]
+            for x in range(c, c_end):
                 total = dtype.type(0.0)
                 for d in range(dim):
                     total += d_out[base + x, d] * out[base + x, d]
                 delta[x] = total
-            c = 0
-            while c < n_valid:
-                e, _ = _next_block(starts[r], c, n_valid, tile_k)
+            while c < c_end:
+                e, _ = _next_block(starts[r], c, c_end, tile_k)
                 nk = e - c
                 q_end = e
                 for key in range(c, e):
