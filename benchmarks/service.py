@@ -9,10 +9,11 @@ workers are warm, then starts the consumers, which drain their ranks as fast as 
 can; the delivered rate is all real tokens (prediction pairs) received divided by the
 slowest consumer's time, first request to last batch.
 
-Where the time goes is reported per run as CPU seconds spent while the consumers ran:
-producer, workers, consumers (including their start-up), and the wall seconds the
-workers spent inside ``pack_examples`` (above their CPU seconds when cores are
-oversubscribed).
+The 2-worker runs are repeated over ``ipc://`` endpoints (Unix-domain sockets), the
+cheaper transport when everything runs on one machine. Where the time goes is reported
+per run as CPU seconds spent while the consumers ran: producer, workers, consumers
+(including their start-up), and the wall seconds the workers spent inside
+``pack_examples`` (above their CPU seconds when cores are oversubscribed).
 
     .venv/bin/python benchmarks/service.py [--documents 100000]
 """
@@ -78,9 +79,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_service(corpus: Path, workers: int, consumers: int, window_tokens: int) -> dict:
-    worker_endpoint = f"tcp://127.0.0.1:{free_port()}"
-    consumer_endpoint = f"tcp://127.0.0.1:{free_port()}"
+def run_service(corpus: Path, workers: int, consumers: int, window_tokens: int,
+                transport: str = "tcp") -> dict:
+    if transport == "ipc":
+        worker_endpoint = f"ipc://{corpus}/workers.sock"
+        consumer_endpoint = f"ipc://{corpus}/consumers.sock"
+    else:
+        worker_endpoint = f"tcp://127.0.0.1:{free_port()}"
+        consumer_endpoint = f"tcp://127.0.0.1:{free_port()}"
     cli = [sys.executable, "-m", "streampack.cli"]
     serve = subprocess.Popen(
         [*cli, "serve", "--corpus", str(corpus), "--workers", str(workers),
@@ -122,6 +128,7 @@ def run_service(corpus: Path, workers: int, consumers: int, window_tokens: int) 
     return {
         "workers": workers,
         "consumers": consumers,
+        "transport": transport,
         "seconds": round(seconds, 3),
         "million_tokens_per_s": round(tokens / seconds / 1e6, 2),
         "batches_per_s": round(batches / seconds, 1),
@@ -160,6 +167,8 @@ def main() -> None:
 
         runs = [run_service(Path(scratch), w, c, args.window_tokens)
                 for w in (1, 2) for c in (1, 2)]
+        # Unix-domain sockets for the same-machine case (no TCP stack on the data path).
+        runs += [run_service(Path(scratch), 2, c, args.window_tokens, "ipc") for c in (1, 2)]
     for run in runs:
         run["ratio_to_in_process"] = round(run["million_tokens_per_s"] / in_process, 3)
     print(json.dumps({

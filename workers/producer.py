@@ -644,7 +644,10 @@ class Producer:
     def stop(self) -> None:
         self.stopping = True
 
-    def run(self, *, ready_callback: Any = None) -> int:
+    def run(self, *, ready_callback: Any = None, local_worker_endpoint: str | None = None) -> int:
+        """Serve until ``stop()``. ``local_worker_endpoint`` (e.g. an ``ipc://`` path) is
+        bound for workers in addition to the configured one: ``serve`` connects its own
+        workers there, off the TCP stack."""
         context = zmq.Context()
         workers = context.socket(zmq.ROUTER)
         consumers = context.socket(zmq.ROUTER)
@@ -655,6 +658,8 @@ class Producer:
             ):
                 wire.configure_socket(socket, self.settings.max_message_bytes)
                 socket.bind(endpoint)
+            if local_worker_endpoint is not None:
+                workers.bind(local_worker_endpoint)
             self.serving = True
             self.log(
                 f"producer: serving workers on {workers.getsockopt(zmq.LAST_ENDPOINT).decode()} "

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -107,6 +108,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="workers audit every N-th batch (default: [worker] audit_every, 0)")
     parser.add_argument("--grace", type=float, default=5.0,
                         help="seconds workers get to exit on shutdown (default: 5)")
+    parser.add_argument("--local-ipc", action=argparse.BooleanOptionalAction, default=True,
+                        help="connect the local workers over an ipc:// socket in a private "
+                        "temporary directory instead of the worker endpoint (default: on)")
     add_flags(parser, ProducerSettings)
 
 
@@ -128,18 +132,24 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"streampack serve: {exc}") from None
     holder: dict[str, Supervisor] = {}
 
+    # Local workers reach the producer over a Unix-domain socket: the same messages,
+    # without the TCP stack (the worker link carries every batch once).
+    scratch = tempfile.TemporaryDirectory(prefix="streampack-serve-")
+    local = f"ipc://{scratch.name}/workers.sock" if args.local_ipc else None
+
     def started(worker_endpoint: str, consumer_endpoint: str) -> None:
-        supervisor = Supervisor(args.workers, local_endpoint(worker_endpoint), worker_args,
-                                grace=args.grace)
+        supervisor = Supervisor(args.workers, local or local_endpoint(worker_endpoint),
+                                worker_args, grace=args.grace)
         holder["supervisor"] = supervisor
         supervisor.start()
 
     install_stop_handlers(producer.stop)
     try:
-        code = producer.run(ready_callback=started)
+        code = producer.run(ready_callback=started, local_worker_endpoint=local)
     finally:
         if "supervisor" in holder:
             holder["supervisor"].stop()
+        scratch.cleanup()
     stats = producer.snapshot()
     stats["worker_restarts"] = holder["supervisor"].restarts if "supervisor" in holder else 0
     print(json.dumps({"producer": stats}), flush=True)
