@@ -17,7 +17,9 @@ How it fetches: the client keeps up to ``prefetch`` fetch requests outstanding (
 when the batches already held reach ``prefetch_bytes``), each naming the exact
 (epoch, global index) it wants, and puts answers back in order. Requests are
 idempotent, so a reconnect or a restart never skips or repeats a batch: the cursor is
-the whole state. The producer replays whatever it has already forgotten.
+the whole state. The producer replays whatever it has already forgotten. After
+``RESEND_AFTER`` seconds without any answer the client asks again, so a producer that
+restarts under running trainers costs them a pause, not their stream.
 
 ``StreamDigest`` defines the digest ``streampack consume`` and ``streampack digest``
 print: SHA-256 over, per batch in order, ``epoch`` and ``index`` (little-endian
@@ -39,6 +41,9 @@ import zmq
 
 from streampack import wire
 from streampack.errors import ProtocolError, StreampackError
+
+#: Seconds without any answer after which outstanding fetches are sent again.
+RESEND_AFTER = 5.0
 
 
 class StreamTimeout(StreampackError, TimeoutError):
@@ -124,6 +129,7 @@ class BatchStream:
         self._limit: int | None = None  # this epoch's end for this rank, once known
         self.last_epoch_end: dict[str, int] | None = None
         self.rejected = 0  # malformed messages received and dropped
+        self.resent = 0  # times outstanding fetches were sent again after silence
         self.current: tuple[int, int] | None = None  # (epoch, index) of the last batch
 
     # -- state ----------------------------------------------------------------------
@@ -208,6 +214,14 @@ class BatchStream:
             self._requested.append(next_index)
             next_index += self.world_size
 
+    def _resend(self, socket: zmq.Socket) -> None:
+        for index in self._requested:
+            if index not in self._held:
+                fields = {"rank": self.rank, "world_size": self.world_size,
+                          "epoch": self._epoch, "index": index}
+                socket.send_multipart(wire.encode("fetch", fields), copy=False)
+        self.resent += 1
+
     def __iter__(self) -> Iterator[Any]:
         while True:
             try:
@@ -243,11 +257,16 @@ class BatchStream:
                 continue
             self._request_more(socket)
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not socket.poll(int(remaining * 1000) + 1, zmq.POLLIN):
+            if remaining <= 0:
                 raise StreamTimeout(
                     f"rank {self.rank}: no answer from {self.endpoint} within {self.timeout}s "
                     f"for epoch {self._epoch} batch {self._index}; is the producer running?"
                 )
+            if not socket.poll(int(min(remaining, RESEND_AFTER) * 1000) + 1, zmq.POLLIN):
+                # Silence: the producer may have restarted and lost our fetches. They are
+                # idempotent, so ask again (an answer that comes twice is ignored).
+                self._resend(socket)
+                continue
             frames = socket.recv_multipart(copy=False)
             try:
                 message = wire.decode(frames, self.limits)

@@ -96,9 +96,11 @@ def stop(proc: subprocess.Popen, timeout: float = 15.0) -> str:
 class Service:
     """A producer (``produce`` or ``serve``) on free ports, plus optional workers."""
 
-    def __init__(self, corpus: Path | str, *, serve_workers: int = 0, **settings: Any) -> None:
-        self.worker_endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.consumer_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    def __init__(self, corpus: Path | str, *, serve_workers: int = 0,
+                 worker_endpoint: str | None = None, consumer_endpoint: str | None = None,
+                 **settings: Any) -> None:
+        self.worker_endpoint = worker_endpoint or f"tcp://127.0.0.1:{free_port()}"
+        self.consumer_endpoint = consumer_endpoint or f"tcp://127.0.0.1:{free_port()}"
         self.settings = {"corpus": str(corpus), **SMALL, **settings}
         self.serve_workers = serve_workers
         self.workers: list[subprocess.Popen] = []

@@ -214,3 +214,30 @@ def test_a_fresh_producer_resumes_a_saved_cursor(reference):
             s.load_state_dict(state)
             rest = [(*s.current, b.digest()) for b in s]
     assert rest == want[cut:]
+
+
+def test_trainers_ride_out_a_producer_restart(reference):
+    """kill -9 of the producer mid-epoch: a new one on the same endpoints, the running
+    consumer resends its fetches and the worker reconnects; the stream is unchanged."""
+    want = reference[0]["list"]
+    first = Service(FIXTURE, **SHUFFLED).__enter__()
+    second = None
+    try:
+        first.add_worker()
+        got = []
+        with BatchStream(first.consumer_endpoint, rank=0, world_size=2, timeout=120) as s:
+            for batch in s:
+                got.append((*s.current, batch.digest()))
+                if len(got) == 10:
+                    first.producer.kill()
+                    first.producer.wait()
+                    second = Service(FIXTURE, worker_endpoint=first.worker_endpoint,
+                                     consumer_endpoint=first.consumer_endpoint,
+                                     **SHUFFLED).__enter__()
+            assert s.resent >= 1
+    finally:
+        if second is not None:
+            second.__exit__(None, None, None)
+        first.producer = None
+        first.__exit__(None, None, None)
+    assert got == want
