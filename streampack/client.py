@@ -262,10 +262,12 @@ class BatchStream:
                     f"rank {self.rank}: no answer from {self.endpoint} within {self.timeout}s "
                     f"for epoch {self._epoch} batch {self._index}; is the producer running?"
                 )
-            if not socket.poll(int(min(remaining, RESEND_AFTER) * 1000) + 1, zmq.POLLIN):
-                # Silence: the producer may have restarted and lost our fetches. They are
-                # idempotent, so ask again (an answer that comes twice is ignored).
-                self._resend(socket)
+            wait = min(remaining, RESEND_AFTER)
+            if not socket.poll(int(wait * 1000) + 1, zmq.POLLIN):
+                if wait >= RESEND_AFTER:
+                    # Silence: the producer may have restarted and lost our fetches. They
+                    # are idempotent, so ask again (an answer that comes twice is ignored).
+                    self._resend(socket)
                 continue
             frames = socket.recv_multipart(copy=False)
             try:
