@@ -19,6 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
 import json
+import sys
+
+# One OS thread per simulated CUDA thread: switch often, or every syncthreads() waits
+# out the default 5 ms interval.
+sys.setswitchinterval(1e-4)
+
 import numpy as np
 import streampack as sp
 from _decoder_cases import random_case, worked_example
