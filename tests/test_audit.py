@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -135,3 +136,23 @@ def test_out_of_vocabulary_token_fails_the_audit():
     report = audit(broken)
     assert not report.passed
     assert "token 266 is outside the vocabulary [0, 266)" in report.notes[0]
+
+
+def test_cropped_rows_keep_the_batch_own_mistakes():
+    """A leak inside the audited prefix of a later occurrence still shows after the
+    rows are rebuilt from the cropped occurrences."""
+    _, batch = _long_batch()
+    occ = batch.occurrences
+    later = occ[(occ["row"] == 0) & (occ["start"] > 0)][0]
+    query = int(later["start"]) + 1  # second query of that occurrence: inside the prefix
+    broken = _corrupt(batch, "segment_starts", lambda a: a.__setitem__((0, query), 0))
+    report = audit(broken)
+    assert report.cropped > 0 and not report.passed
+    assert any(f"occurrence {int(later['ordinal'])}:" in note for note in report.notes)
+
+
+def test_report_is_plain_data():
+    _, batch = worked_example()
+    report = audit(batch).as_dict()
+    assert json.loads(json.dumps(report)) == report
+    assert set(report) >= {"passed", "max_logit_diff", "max_grad_diff", "comparisons"}
