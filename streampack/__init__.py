@@ -1,7 +1,9 @@
 """streampack: next-fit sequence packing that keeps every example exactly as it was."""
 
+from .audit import AuditReport, audit
 from .batch import NO_SEGMENT, OCCURRENCE_DTYPE, PAD_CELL, CuSeqlens, PackedBatch
 from .config import PackConfig
+from .decoder import Decoder, DecoderConfig
 from .errors import (
     BindingMismatch,
     CapacityError,
@@ -24,10 +26,13 @@ __all__ = [
     "NO_SEGMENT",
     "OCCURRENCE_DTYPE",
     "PAD_CELL",
+    "AuditReport",
     "Binding",
     "BindingMismatch",
     "CapacityError",
     "CuSeqlens",
+    "Decoder",
+    "DecoderConfig",
     "EmptyObjective",
     "Examples",
     "InternalError",
@@ -43,6 +48,7 @@ __all__ = [
     "PackedEpoch",
     "ProtocolError",
     "StreampackError",
+    "audit",
     "document_mean",
     "loss_gradient",
     "pack_examples",

@@ -509,11 +509,7 @@ def decoder_trace(
     sums = result.loss_sums
     vs_packed = result.packed_vs_separate
     vs_padded = result.padded_vs_separate
-    lengths = (batch.occurrences["stop"] - batch.occurrences["start"]).astype(np.int64)
-    cells = batch.rows * batch.capacity
-    valid = int(batch.valid_lengths.sum())
-    dense = batch.rows * batch.capacity**2
-    edges = int((lengths * (lengths + 1) // 2).sum())
+    stats = batch.stats()
     comparisons = [vs_packed, vs_padded]
     return {
         "profile": {
@@ -544,11 +540,11 @@ def decoder_trace(
         },
         "passed": all(c.passed for c in comparisons),
         "attention_counts": {
-            "cells": cells,
-            "valid_cells": valid,
-            "dense_score_positions_per_head": dense,
-            "permitted_edges": edges,
-            "valid_density": round(valid / cells, TRACE_DECIMALS) if cells else 0.0,
-            "edge_density": round(edges / dense, TRACE_DECIMALS) if dense else 0.0,
+            "cells": stats["cells"],
+            "valid_cells": stats["valid_cells"],
+            "dense_score_positions_per_head": stats["dense_score_positions"],
+            "permitted_edges": stats["permitted_edges"],
+            "valid_density": round(stats["valid_density"], TRACE_DECIMALS),
+            "edge_density": round(stats["edge_density"], TRACE_DECIMALS),
         },
     }

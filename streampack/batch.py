@@ -188,23 +188,27 @@ class PackedBatch:
         return CuSeqlens(cu.astype(np.int32), padded.astype(np.int32), max_seqlen)
 
     def stats(self) -> dict[str, Any]:
+        """Storage and attention counts. Per head: dense scores ``rows * capacity**2``,
+        permitted edges ``sum l(l+1)/2`` over occurrences of length ``l``."""
         occ = self.occurrences
         lengths = (occ["stop"] - occ["start"]).astype(np.int64)
         cells = self.rows * self.capacity
-        real_targets = int(np.count_nonzero(self.loss_mask))
+        valid_cells = int(self.valid_lengths.sum())
         dense = self.rows * self.capacity**2
         edges = int((lengths * (lengths + 1) // 2).sum())
         return {
             "rows": self.rows,
             "capacity": self.capacity,
             "cells": cells,
-            "real_targets": real_targets,
-            "padding_cells": cells - int(self.valid_lengths.sum()),
-            "padding_fraction": (1.0 - float(self.valid_lengths.sum()) / cells) if cells else 0.0,
+            "valid_cells": valid_cells,
+            "real_targets": int(np.count_nonzero(self.loss_mask)),
+            "padding_cells": cells - valid_cells,
+            "padding_fraction": 1.0 - valid_cells / cells if cells else 0.0,
             "occurrences": int(occ.shape[0]),
             "dense_score_positions": dense,
             "permitted_edges": edges,
-            "valid_density": edges / dense if dense else 0.0,
+            "valid_density": valid_cells / cells if cells else 0.0,
+            "edge_density": edges / dense if dense else 0.0,
         }
 
     # -- identity ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .audit import decoder_trace
 from .batch import PackedBatch
 from .config import PackConfig
 from .errors import InvalidConfig
@@ -100,7 +101,9 @@ def trace(path: Path) -> dict[str, Any]:
         "stats": stats | {
             "padding_fraction": round(stats["padding_fraction"], LOSS_DECIMALS),
             "valid_density": round(stats["valid_density"], LOSS_DECIMALS),
+            "edge_density": round(stats["edge_density"], LOSS_DECIMALS),
         },
+        "decoder": decoder_trace(examples, batch),
     }
 
 
