@@ -198,13 +198,15 @@ def main(args: argparse.Namespace) -> int:
         "exactly_once": bool(exactly_once),
         "equal_batches_per_rank": equal_counts,
     }
+    why = ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items()))
     print(f"documents     {documents} ({want.shape[0]} selected, "
-          f"{documents - want.shape[0]} quarantined {dict(reasons) or ''})")
+          f"{documents - want.shape[0]} quarantined{f' - {why}' if why else ''})")
     print(f"occurrences   {got.shape[0]}   targets {summary['targets']}")
     print(f"batches/rank  {summary['batches_per_rank']} "
           f"(fillers {summary['fillers_per_rank']})")
     print(f"fill ratio    {summary['fill_ratio']:.3f}   "
-          f"throughput {valid / seconds / 1e6:.3f} M tokens/s over {seconds:.2f}s")
+          f"throughput {valid / seconds / 1e6:.3f} M tokens/s over {seconds:.2f}s"
+          f"{' (workers auditing)' if args.audit_every else ''}")
     print(f"audit         {audited} batches audited, {failures} failed"
           f"{'' if audit_ok else '  <-- FAILED'}")
     if failures:
