@@ -141,7 +141,27 @@ def main() -> None:
         report["torch_sdpa_dense_mask"] = torch_figures(
             torch, q, k, v, d_out, permission, out, dq, active, fwd_s, bwd_s, args.repeats
         )
+    report["summary"] = summary(report)
     print(json.dumps(report, indent=2))
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The targets (forward >= 10x, backward >= 5x PyTorch SDPA with the dense mask) and
+    how close the kernel comes to the permitted-edge FLOPs at the measured matmul rate."""
+    kernel = report["kernel"]
+    out: dict[str, Any] = {
+        "forward_percent_of_matmul_rate": round(100 * kernel["forward_fraction_of_matmul_rate"]),
+        "backward_percent_of_matmul_rate": round(
+            100 * kernel["backward_fraction_of_matmul_rate"]
+        ),
+    }
+    torch_fig = report.get("torch_sdpa_dense_mask")
+    if isinstance(torch_fig, dict):
+        out["forward_speedup_vs_torch"] = round(torch_fig["kernel_speedup_forward"], 1)
+        out["backward_speedup_vs_torch"] = round(torch_fig["kernel_speedup_backward"], 1)
+        out["forward_target_10x_met"] = torch_fig["kernel_speedup_forward"] >= 10
+        out["backward_target_5x_met"] = torch_fig["kernel_speedup_backward"] >= 5
+    return out
 
 
 def torch_figures(torch, q, k, v, d_out, permission, out, dq, active, fwd_s, bwd_s, repeats):
