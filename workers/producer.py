@@ -425,6 +425,7 @@ class Producer:
                 if self.asm_index == 0 and self._end_epoch is None:
                     self._end_epoch = self.asm_epoch  # nothing packable: every epoch is empty
                 self._drop_tail(self.asm_epoch)
+                self._forget_old_epochs()
                 self.asm_epoch += 1
                 self.asm_window = 0
                 self.asm_index = 0
@@ -453,6 +454,17 @@ class Producer:
                 self.ready[gkey] = (message, state.window.index, b)
             self.asm_index += state.expected
             self.asm_window += 1
+
+    def _forget_old_epochs(self) -> None:
+        """Drop the per-window counts and totals of epochs every rank has left behind,
+        so an unbounded stream holds bookkeeping for a few epochs only. They are a
+        shortcut: a replay of a forgotten epoch starts at its first window and recounts."""
+        if self.world_size is None or len(self.floors) < self.world_size:
+            return
+        oldest = min(floor[0] for floor in self.floors.values()) - 1
+        for table in (self.counts, self.totals, self.windows_in_epoch):
+            for epoch in [e for e in table if e < oldest]:
+                del table[epoch]
 
     def _below_floor(self, key: tuple[int, int]) -> bool:
         """True when no consumer of this batch's rank can still ask for it: the rank has
