@@ -95,9 +95,10 @@ def main(args: argparse.Namespace) -> int:
             now = time.perf_counter()
             if not args.quiet and now - last_report >= 1.0:
                 last_report = now
+                running = f", digest so far {digest.hexdigest()[:16]}" if args.digest else ""
                 print(
                     f"rank {args.rank}: epoch {epoch} batch {index}: {digest.batches} batches, "
-                    f"{digest.tokens / (now - started) / 1e6:.2f} M tokens/s",
+                    f"{digest.tokens / (now - started) / 1e6:.2f} M tokens/s{running}",
                     file=sys.stderr, flush=True,
                 )
         state = stream.state_dict()
