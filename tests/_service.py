@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -10,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,11 +159,6 @@ def expected(corpus: Path | str, rank: int, world_size: int, **settings: Any) ->
         batches.append((epoch, index, batch.digest()))
     return {"digest": digest.hexdigest(), "batches": digest.batches, "fillers": digest.fillers,
             "tokens": digest.tokens, "list": batches}
-
-
-@contextlib.contextmanager
-def nothing() -> Iterator[None]:
-    yield
 
 
 def rss_anon_bytes(pid: int) -> int:

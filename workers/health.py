@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 import zmq
 
@@ -55,7 +54,3 @@ def main(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(status), flush=True)
     return 0 if status.get("serving") else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(argparse.Namespace(endpoint=sys.argv[1], timeout=5.0)))

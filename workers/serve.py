@@ -61,7 +61,7 @@ class Supervisor:
         command = [sys.executable, "-m", "streampack.cli", "worker",
                    "--connect", self.endpoint, *self.worker_args]
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        self.procs[slot] = subprocess.Popen(command, preexec_fn=preexec)  # noqa: PLW1509
+        self.procs[slot] = subprocess.Popen(command, preexec_fn=preexec)
         self.log(f"serve: worker {slot} started as pid {self.procs[slot].pid}")
 
     def _loop(self) -> None:
