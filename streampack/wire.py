@@ -149,10 +149,17 @@ def _occurrence_dtype() -> np.dtype:
     return np.dtype(OCCURRENCE_DTYPE).newbyteorder("<")
 
 
+_DTYPE_CACHE: dict[str, np.dtype] = {}
+
+
 def frame_dtype(name: str) -> np.dtype:
     """The one dtype the protocol allows for frame ``name``."""
-    code = FRAME_DTYPES[name]
-    return _occurrence_dtype() if code == "occurrence" else np.dtype(code)
+    dtype = _DTYPE_CACHE.get(name)
+    if dtype is None:
+        code = FRAME_DTYPES[name]
+        dtype = _occurrence_dtype() if code == "occurrence" else np.dtype(code)
+        _DTYPE_CACHE[name] = dtype
+    return dtype
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
