@@ -38,7 +38,7 @@ def attention_forward(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Masked softmax attention; returns ``(out, lse)`` in the dtype of ``q``."""
     dtype = q.dtype
-    scores = np.einsum("rhqd,rhkd->rhqk", q, k) * _scale(q.shape[-1], scale)
+    scores = (q @ np.swapaxes(k, -1, -2)) * _scale(q.shape[-1], scale)
     allowed = np.broadcast_to(mask[:, None], scores.shape)
     scores = np.where(allowed, scores, -np.inf)
     active = allowed.any(axis=-1)  # [rows, heads, capacity]
@@ -47,7 +47,7 @@ def attention_forward(
     total = weights.sum(axis=-1)
     safe_total = np.where(active, total, 1.0)
     probs = weights / safe_total[..., None]
-    out = np.einsum("rhqk,rhkd->rhqd", probs, v)
+    out = probs @ v
     lse = np.where(active, row_max + np.log(safe_total), -np.inf)
     return out.astype(dtype), lse.astype(dtype)
 
@@ -69,7 +69,7 @@ def attention_backward(
     """
     dtype = q.dtype
     s = _scale(q.shape[-1], scale)
-    scores = np.einsum("rhqd,rhkd->rhqk", q, k) * s
+    scores = (q @ np.swapaxes(k, -1, -2)) * s
     allowed = np.broadcast_to(mask[:, None], scores.shape)
     scores = np.where(allowed, scores, -np.inf)
     active = allowed.any(axis=-1)
@@ -77,9 +77,9 @@ def attention_backward(
     weights = np.where(allowed, np.exp(scores - row_max[..., None]), 0.0)
     total = np.where(active, weights.sum(axis=-1), 1.0)
     probs = weights / total[..., None]
-    d_probs = np.einsum("rhqd,rhkd->rhqk", d_out, v)
+    d_probs = d_out @ np.swapaxes(v, -1, -2)
     d_scores = probs * (d_probs - (d_probs * probs).sum(axis=-1, keepdims=True))
-    dq = np.einsum("rhqk,rhkd->rhqd", d_scores, k) * s
-    dk = np.einsum("rhqk,rhqd->rhkd", d_scores, q) * s
-    dv = np.einsum("rhqk,rhqd->rhkd", probs, d_out)
+    dq = (d_scores @ k) * s
+    dk = (np.swapaxes(d_scores, -1, -2) @ q) * s
+    dv = np.swapaxes(probs, -1, -2) @ d_out
     return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype)
