@@ -11,8 +11,9 @@ Forward — one block per ``(row * heads + head, query tile)``, one thread per q
           [ tile ][ tile ][ tile ]                   active queries
                                                 hi = the tile's last active query + 1
     each key tile is staged in shared memory (K and V rows, loaded together by the
-    block), then every thread folds the keys of its own range into a running max,
-    a running sum and an output accumulator (online softmax), and writes
+    block); every thread scores the keys of its own range in the tile, rescales its
+    running sum and output accumulator once if the tile raised its running max
+    (online softmax), adds the tile's weighted values, and at the end writes
     ``out = acc / sum`` and ``lse = max + log(sum)``.
 
 Key tiles outside ``[lo, hi)`` are never loaded. Accumulators are float32 for float32
@@ -89,6 +90,7 @@ def _sources(dtype_name: str, dim: int, tile_q: int, tile_k: int) -> dict[str, A
         k_hi = bounds[1]
         qrow = cuda.local.array(dim, acc_t)
         acc = cuda.local.array(dim, acc_t)
+        scores = cuda.local.array(tile_k, acc_t)
         for d in range(dim):
             qrow[d] = q[base + qi, d] * scale if active else 0.0
             acc[d] = 0.0
@@ -104,17 +106,22 @@ def _sources(dtype_name: str, dim: int, tile_q: int, tile_k: int) -> dict[str, A
             if active:
                 j_lo = max(low - k0, 0)
                 j_hi = min(qi - k0 + 1, tile_k)
+                # scores of the tile first, so the accumulator is rescaled once per tile
+                tile_max = row_max
                 for j in range(j_lo, j_hi):
                     s = acc_t(0.0)
                     for d in range(dim):
                         s += qrow[d] * sk[j, d]
-                    if s > row_max:
-                        alpha = math.exp(row_max - s)
-                        row_sum *= alpha
-                        for d in range(dim):
-                            acc[d] *= alpha
-                        row_max = s
-                    p = math.exp(s - row_max)
+                    scores[j] = s
+                    tile_max = max(tile_max, s)
+                if j_hi > j_lo and tile_max > row_max:
+                    alpha = math.exp(row_max - tile_max)
+                    row_sum *= alpha
+                    for d in range(dim):
+                        acc[d] *= alpha
+                    row_max = tile_max
+                for j in range(j_lo, j_hi):
+                    p = math.exp(scores[j] - row_max)
                     row_sum += p
                     for d in range(dim):
                         acc[d] += p * sv[j, d]
