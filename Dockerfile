@@ -45,8 +45,8 @@ ENV PATH=/opt/venv/bin:${PATH} \
     NUMBA_CPU_NAME=${NUMBA_CPU_NAME} \
     STREAMPACK_HEALTH_ENDPOINT=tcp://127.0.0.1:5556
 
-RUN groupadd --system --gid 10001 streampack \
-    && useradd --system --uid 10001 --gid streampack --no-create-home \
+RUN groupadd --gid 10001 streampack \
+    && useradd --uid 10001 --gid streampack --no-create-home \
        --home-dir /var/lib/streampack --shell /usr/sbin/nologin streampack \
     && mkdir -p /var/lib/streampack /var/cache/streampack/numba /data \
     && chown -R streampack:streampack /var/lib/streampack /var/cache/streampack /data
