@@ -146,7 +146,7 @@ def run_service(corpus: Path, workers: int, consumers: int, window_tokens: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=100_000)
-    parser.add_argument("--window-tokens", type=int, default=1 << 21)
+    parser.add_argument("--window-tokens", type=int, default=1 << 18)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 

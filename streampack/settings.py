@@ -76,7 +76,7 @@ class ProducerSettings:
     max_cells: int | None = None
     max_metadata_bytes: int = 256 * _MIB
     window_documents: int = 1024
-    window_tokens: int = 1 << 20
+    window_tokens: int = 1 << 18
     epochs: int = 1
     shuffle: bool = False
     seed: int = 0
