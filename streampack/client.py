@@ -86,6 +86,7 @@ class BatchStream:
         prefetch_bytes: most bytes of batches held ahead (bounds memory with big batches).
         timeout: seconds to wait for the next batch before ``StreamTimeout``.
         max_message_bytes: largest frame accepted (``zmq.MAXMSGSIZE``).
+        curve_server_key: the producer's Z85 CURVE public key, when it uses CURVE.
     """
 
     def __init__(
@@ -99,6 +100,7 @@ class BatchStream:
         prefetch_bytes: int = 256 << 20,
         timeout: float = 60.0,
         max_message_bytes: int = 256 << 20,
+        curve_server_key: str | None = None,
     ) -> None:
         for name, value, low in (("world_size", world_size, 1), ("prefetch", prefetch, 1),
                                  ("prefetch_bytes", prefetch_bytes, 1)):
@@ -117,6 +119,7 @@ class BatchStream:
         self.timeout = timeout
         self.limits = wire.WireLimits(max_frame_bytes=max_message_bytes)
         self._max_message_bytes = max_message_bytes
+        self._curve_server_key = curve_server_key
         self._context: zmq.Context | None = None
         self._socket: zmq.Socket | None = None
         self._epoch = 0
@@ -175,6 +178,8 @@ class BatchStream:
             socket = self._context.socket(zmq.DEALER)
             socket.setsockopt(zmq.ROUTING_ID, f"c{self.rank}-{uuid.uuid4().hex[:12]}".encode())
             wire.configure_socket(socket, self._max_message_bytes)
+            if self._curve_server_key:
+                wire.curve_client(socket, self._curve_server_key)
             socket.connect(self.endpoint)
             self._socket = socket
         return self._socket

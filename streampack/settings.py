@@ -54,6 +54,14 @@ def _check_endpoint(field: str, value: str) -> None:
         )
 
 
+def _check_curve_key(field: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or len(value) != 40):
+        raise InvalidConfig(
+            f"{field} = {value!r} is not a Z85 CURVE public key; expected the 40 characters "
+            f"of the producer's public key (see docs/service.md, Security)"
+        )
+
+
 def _check_int(field: str, value: Any, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidConfig(f"{field} = {value!r} must be an integer >= {minimum}")
@@ -87,6 +95,7 @@ class ProducerSettings:
     max_message_bytes: int = 256 * _MIB
     heartbeat_timeout: float = 5.0
     quarantine_path: str | None = None
+    curve_secret_key_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.corpus is not None and not isinstance(self.corpus, str):
@@ -124,9 +133,11 @@ class WorkerSettings:
     heartbeat_interval: float = 0.5
     audit_every: int = 0
     max_message_bytes: int = 256 * _MIB
+    curve_server_key: str | None = None
 
     def __post_init__(self) -> None:
         _check_endpoint("connect", self.connect)
+        _check_curve_key("curve_server_key", self.curve_server_key)
         _check_int("prefetch", self.prefetch, minimum=1)
         _check_float("heartbeat_interval", self.heartbeat_interval, minimum=0.0)
         _check_int("audit_every", self.audit_every, minimum=0)
@@ -142,9 +153,11 @@ class ConsumerSettings:
     prefetch_bytes: int = 256 * _MIB
     timeout: float = 60.0
     max_message_bytes: int = 256 * _MIB
+    curve_server_key: str | None = None
 
     def __post_init__(self) -> None:
         _check_endpoint("connect", self.connect)
+        _check_curve_key("curve_server_key", self.curve_server_key)
         _check_int("prefetch", self.prefetch, minimum=1)
         _check_int("prefetch_bytes", self.prefetch_bytes, minimum=1)
         _check_float("timeout", self.timeout, minimum=0.0)
@@ -173,6 +186,9 @@ FIELD_HELP: dict[str, str] = {
     "max_message_bytes": "largest message frame accepted (zmq.MAXMSGSIZE)",
     "heartbeat_timeout": "seconds of silence after which a worker's windows are reissued",
     "quarantine_path": "JSON Lines file receiving each quarantined document with its reason",
+    "curve_secret_key_file": "file holding the producer's Z85 CURVE secret key; when set, "
+    "both endpoints encrypt and only clients that know the public key can talk to it",
+    "curve_server_key": "the producer's Z85 CURVE public key (when the producer uses CURVE)",
     "connect": "producer endpoint to connect to",
     "prefetch": "windows (worker) or batches (consumer) requested ahead",
     "heartbeat_interval": "seconds between worker heartbeats",
@@ -184,6 +200,20 @@ FIELD_HELP: dict[str, str] = {
 S = TypeVar("S")
 
 _SECTIONS = {ProducerSettings: "producer", WorkerSettings: "worker", ConsumerSettings: "consumer"}
+
+
+def read_curve_secret(path: str) -> bytes:
+    """The Z85 secret key in ``path`` (surrounding whitespace ignored)."""
+    try:
+        key = Path(path).read_text().strip().encode()
+    except OSError as exc:
+        raise InvalidConfig(f"cannot read curve_secret_key_file {path!r}: {exc}") from exc
+    if len(key) != 40:
+        raise InvalidConfig(
+            f"curve_secret_key_file {path!r} holds {len(key)} characters; expected a 40-character "
+            f"Z85 secret key"
+        )
+    return key
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

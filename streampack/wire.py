@@ -428,6 +428,26 @@ def batch_from_message(message: Message) -> Any:
     )
 
 
+def curve_server(socket: Any, secret_key: bytes) -> None:
+    """Make ``socket`` (before bind) a CURVE server with this Z85 secret key."""
+    import zmq
+
+    socket.curve_secretkey = secret_key
+    socket.curve_publickey = zmq.curve_public(secret_key)
+    socket.curve_server = True
+
+
+def curve_client(socket: Any, server_key: str | bytes) -> None:
+    """Make ``socket`` (before connect) a CURVE client of the server with this public key;
+    the client's own key pair is fresh for each socket."""
+    import zmq
+
+    public, secret = zmq.curve_keypair()
+    socket.curve_publickey = public
+    socket.curve_secretkey = secret
+    socket.curve_serverkey = server_key.encode() if isinstance(server_key, str) else server_key
+
+
 def configure_socket(socket: Any, max_message_bytes: int) -> None:
     """Receive limit on every socket, and no lingering on close (shutdown stays fast)."""
     import zmq

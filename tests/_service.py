@@ -59,21 +59,21 @@ def start(*args: str, stdout: Any = subprocess.PIPE, stderr: Any = None) -> subp
                             text=True)
 
 
-def wait_healthy(endpoint: str, timeout: float = 60.0) -> dict[str, Any]:
+def wait_healthy(endpoint: str, timeout: float = 60.0, key: str | None = None) -> dict[str, Any]:
     from workers.health import check
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = check(endpoint, 1.0)
+        status = check(endpoint, 1.0, key)
         if status is not None:
             return status
     raise AssertionError(f"producer at {endpoint} not healthy within {timeout}s")
 
 
-def stats(endpoint: str) -> dict[str, Any]:
+def stats(endpoint: str, key: str | None = None) -> dict[str, Any]:
     from workers.health import check
 
-    status = check(endpoint, 10.0)
+    status = check(endpoint, 10.0, key)
     assert status is not None, f"no status from {endpoint}"
     return status["stats"]
 
@@ -103,6 +103,12 @@ class Service:
         self.serve_workers = serve_workers
         self.workers: list[subprocess.Popen] = []
         self.producer: subprocess.Popen | None = None
+        self.key: str | None = None  # the producer's CURVE public key, when it has one
+        if "curve_secret_key_file" in settings:
+            import zmq
+
+            secret = Path(settings["curve_secret_key_file"]).read_bytes().strip()
+            self.key = zmq.curve_public(secret).decode()
 
     def __enter__(self) -> Service:
         args = flags(self.settings) + [
@@ -113,7 +119,7 @@ class Service:
             self.producer = start("serve", "--workers", str(self.serve_workers), *args)
         else:
             self.producer = start("produce", *args)
-        wait_healthy(self.consumer_endpoint)
+        wait_healthy(self.consumer_endpoint, key=self.key)
         return self
 
     def add_worker(self, *extra: str) -> subprocess.Popen:
@@ -123,7 +129,7 @@ class Service:
         return proc
 
     def stats(self) -> dict[str, Any]:
-        return stats(self.consumer_endpoint)
+        return stats(self.consumer_endpoint, self.key)
 
     def __exit__(self, *exc: object) -> None:
         for proc in self.workers:

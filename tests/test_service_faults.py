@@ -22,6 +22,7 @@ from _service import (
     Service,
     children,
     consume,
+    expected,
     flags,
     free_port,
     result,
@@ -320,3 +321,24 @@ def test_a_corpus_with_nothing_packable_ends_an_unbounded_stream(tmp_path):
         counters = service.stats()
     assert out["batches"] == 0
     assert counters["quarantined"] == 3
+
+
+def test_curve_producer_serves_only_clients_that_know_its_key(tmp_path):
+    """With a CURVE secret key the producer's sockets encrypt; workers (under serve) and
+    consumers given its public key get the full stream, a client without it nothing."""
+    from streampack.client import BatchStream, StreamTimeout
+    from workers.health import check
+
+    public, secret = zmq.curve_keypair()
+    (tmp_path / "producer.key").write_bytes(secret + b"\n")
+    with Service(FIXTURE, serve_workers=1,
+                 curve_secret_key_file=str(tmp_path / "producer.key")) as service:
+        assert service.key == public.decode()
+        with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=120,
+                         curve_server_key=service.key) as stream:
+            batches = sum(1 for _ in stream)
+        assert check(service.consumer_endpoint, 1.0) is None
+        with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=1) as plain:
+            with pytest.raises(StreamTimeout):
+                next(plain)
+    assert batches == expected(FIXTURE, 0, 1)["batches"]

@@ -70,6 +70,7 @@ def main(args: argparse.Namespace) -> int:
         prefetch_bytes=settings.prefetch_bytes,
         timeout=settings.timeout,
         max_message_bytes=settings.max_message_bytes,
+        curve_server_key=settings.curve_server_key,
     ) as stream:
         if args.state_in:
             with open(args.state_in) as handle:

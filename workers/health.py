@@ -16,12 +16,14 @@ from streampack import wire
 from streampack.errors import ProtocolError
 
 
-def check(endpoint: str, timeout: float) -> dict | None:
+def check(endpoint: str, timeout: float, curve_server_key: str | None = None) -> dict | None:
     """The producer's status, or None when it does not answer in time."""
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     try:
         wire.configure_socket(socket, 1 << 24)
+        if curve_server_key:
+            wire.curve_client(socket, curve_server_key)
         socket.connect(endpoint)
         socket.send_multipart(wire.encode("health", {}), copy=False)
         if not socket.poll(int(timeout * 1000), zmq.POLLIN):
@@ -40,11 +42,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the producer's consumer endpoint (default: tcp://127.0.0.1:5556)")
     parser.add_argument("--timeout", type=float, default=5.0,
                         help="seconds to wait for an answer (default: 5)")
+    parser.add_argument("--curve-server-key", default=None,
+                        help="the producer's Z85 CURVE public key, when it uses CURVE")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        status = check(args.endpoint, args.timeout)
+        status = check(args.endpoint, args.timeout, args.curve_server_key)
     except ProtocolError as exc:
         print(json.dumps({"serving": False, "error": str(exc)}), flush=True)
         return 1

@@ -63,7 +63,7 @@ import zmq
 
 from streampack import PackedBatch, wire
 from streampack.errors import InvalidConfig, ProtocolError
-from streampack.settings import ProducerSettings, add_flags, from_args
+from streampack.settings import ProducerSettings, add_flags, from_args, read_curve_secret
 from streampack.sources import CutSpec, Window, iter_windows, open_corpus
 
 MAX_ATTEMPTS = 5  # a window lost this often is quarantined (it may be killing workers)
@@ -120,6 +120,11 @@ class Producer:
             "max_metadata_bytes": settings.max_metadata_bytes,
         }
         self.limits = wire.WireLimits(max_frame_bytes=settings.max_message_bytes)
+        self.curve_secret = (
+            read_curve_secret(settings.curve_secret_key_file)
+            if settings.curve_secret_key_file
+            else None
+        )
         self.stopping = False
         self.serving = False
         self.stats: dict[str, Any] = collections.defaultdict(int)
@@ -669,6 +674,8 @@ class Producer:
                 (consumers, self.settings.consumer_endpoint),
             ):
                 wire.configure_socket(socket, self.settings.max_message_bytes)
+                if self.curve_secret is not None:
+                    wire.curve_server(socket, self.curve_secret)
                 socket.bind(endpoint)
             if local_worker_endpoint is not None:
                 workers.bind(local_worker_endpoint)

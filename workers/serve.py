@@ -122,6 +122,13 @@ def main(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise SystemExit(f"streampack serve: --workers {args.workers}; at least 1 is needed")
     worker_args: list[str] = []
+    if settings.curve_secret_key_file:
+        import zmq
+
+        from streampack.settings import read_curve_secret
+
+        public = zmq.curve_public(read_curve_secret(settings.curve_secret_key_file)).decode()
+        worker_args += ["--curve-server-key", public]
     if args.config:
         worker_args += ["--config", os.path.abspath(args.config)]
     if args.audit_every is not None:

@@ -184,6 +184,8 @@ class Worker:
         context = zmq.Context()
         socket = context.socket(zmq.DEALER)
         wire.configure_socket(socket, self.settings.max_message_bytes)
+        if self.settings.curve_server_key:
+            wire.curve_client(socket, self.settings.curve_server_key)
         socket.connect(self.settings.connect)
         self._send(socket, "ready", {"credit": self.settings.prefetch})
         self._next_beat = time.monotonic() + self.settings.heartbeat_interval
