@@ -264,7 +264,10 @@ def range_attention(
 
         tile_q, tile_k = _tiles or (cpu.TILE_Q, cpu.key_tile(dim))
         plan = cpu.plan_forward(starts, valid, heads, tile_q, numba.get_num_threads())
-        cpu.forward(qf, kf, vf, starts, valid, scale_value, tile_q, tile_k, *plan, out, lse)
+        # scale in the array dtype: a float64 scale would drag float32 arithmetic
+        # (and the exp) to float64
+        typed_scale = dtype.type(scale_value)
+        cpu.forward(qf, kf, vf, starts, valid, typed_scale, tile_q, tile_k, *plan, out, lse)
     return out.reshape(shape), lse.reshape(rows, heads, capacity)
 
 
@@ -318,7 +321,7 @@ def range_attention_backward(
         cpu.key_query_end(starts, valid, key_end)
         plan = cpu.plan_backward(starts, valid, heads, tile_q, numba.get_num_threads())
         cpu.backward(
-            qf, kf, vf, of, lse_host, gf, starts, valid, key_end, scale_value,
+            qf, kf, vf, of, lse_host, gf, starts, valid, key_end, dtype.type(scale_value),
             tile_q, tile_k, *plan, dq, dk, dv,
         )
     return dq.reshape(shape), dk.reshape(shape), dv.reshape(shape)
