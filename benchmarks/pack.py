@@ -102,7 +102,7 @@ def _allocate_and_fill(tokens, offsets, doc, start, stop, row_first, capacity):
            np.empty(shape, np.int32), np.empty(shape, np.bool_), np.empty(shape, np.bool_),
            np.empty(shape, np.bool_), np.empty(shape, np.int32))
     valid_lengths = np.empty(rows, np.int32)
-    fill_rows(tokens, offsets, doc, start, stop, row_first, out[0], out[1], out[2], out[3],
+    fill_rows(tokens, offsets, doc, start, stop, row_first, 0, out[0], out[1], out[2], out[3],
               out[4], out[5], out[6], out[7], valid_lengths)
     return out
 
@@ -125,7 +125,7 @@ def fill_allocated_by_numpy(examples: sp.Examples) -> callable:
     def run():
         out = {name: np.empty((rows, CAPACITY), d) for name, d in CELL_DTYPES.items()}
         fill_rows(examples.tokens, examples.offsets, examples.doc, examples.start,
-                  examples.stop, row_first, *out.values(), np.empty(rows, np.int32))
+                  examples.stop, row_first, 0, *out.values(), np.empty(rows, np.int32))
         return out
 
     return run
@@ -142,7 +142,7 @@ def prefaulted_fill(examples: sp.Examples) -> tuple[callable, int]:
 
     def run():
         fill_rows(examples.tokens, examples.offsets, examples.doc, examples.start, examples.stop,
-                  row_first, *out.values(), valid_lengths)
+                  row_first, 0, *out.values(), valid_lengths)
 
     return run, rows
 

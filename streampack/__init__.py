@@ -1,7 +1,14 @@
 """streampack: next-fit sequence packing that keeps every example exactly as it was."""
 
 from .audit import AuditReport, audit
-from .batch import NO_SEGMENT, OCCURRENCE_DTYPE, PAD_CELL, CuSeqlens, PackedBatch
+from .batch import (
+    NO_SEGMENT,
+    OCCURRENCE_DTYPE,
+    PAD_CELL,
+    CompactBatch,
+    CuSeqlens,
+    PackedBatch,
+)
 from .config import PackConfig
 from .decoder import Decoder, DecoderConfig
 from .errors import (
@@ -20,7 +27,7 @@ from .errors import (
 )
 from .examples import Binding, Examples
 from .loss import LossResult, document_mean, loss_gradient, probe_logits, row_mean, token_loss
-from .packing import PackedEpoch, pack_examples
+from .packing import PackedEpoch, pack_compact, pack_examples
 
 __all__ = [
     "NO_SEGMENT",
@@ -30,6 +37,7 @@ __all__ = [
     "Binding",
     "BindingMismatch",
     "CapacityError",
+    "CompactBatch",
     "CuSeqlens",
     "Decoder",
     "DecoderConfig",
@@ -51,6 +59,7 @@ __all__ = [
     "audit",
     "document_mean",
     "loss_gradient",
+    "pack_compact",
     "pack_examples",
     "probe_logits",
     "row_mean",

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch import BYTES_PER_CELL, BYTES_PER_ROW, CELL_DTYPES, OCCURRENCE_DTYPE, PackedBatch
+from .batch import (
+    BYTES_PER_CELL,
+    BYTES_PER_ROW,
+    CELL_DTYPES,
+    OCCURRENCE_DTYPE,
+    CompactBatch,
+    PackedBatch,
+)
 from .config import PackConfig
 from .errors import (
     CapacityError,
@@ -39,7 +46,7 @@ from .errors import (
     OversizedExample,
 )
 from .examples import Binding, Examples
-from .kernels.pack_cpu import fill_rows, plan_next_fit
+from .kernels.pack_cpu import fill_rows, gather_ranges, plan_next_fit
 
 _INT64 = np.dtype(np.int64).itemsize
 #: Validation and occurrence-building temporaries: at most this many int64 per example.
@@ -66,15 +73,18 @@ def planner_bytes(example_count: int) -> int:
     return (2 + _SCRATCH_INT64_PER_EXAMPLE) * _INT64 * example_count
 
 
-def metadata_bytes(example_count: int, row_count: int, batch_count: int, capacity: int) -> int:
+def metadata_bytes(
+    example_count: int, row_count: int, batch_count: int, capacity: int,
+    cell_bytes: int = BYTES_PER_CELL,
+) -> int:
     """Every byte a pack call holds at its peak, given its plan (rule C8)."""
     return (
         _CALL_OVERHEAD_BYTES
         + planner_bytes(example_count)
         + _INT64 * (row_count + 1)  # first example of each row
         + OCCURRENCE_DTYPE.itemsize * example_count
-        + row_count * capacity * BYTES_PER_CELL
-        + row_count * BYTES_PER_ROW
+        + row_count * capacity * cell_bytes
+        + row_count * BYTES_PER_ROW * (cell_bytes > 0)
         + batch_count * _BATCH_OBJECT_BYTES
     )
 
@@ -113,14 +123,29 @@ def _validate(examples: Examples, binding: Binding, config: PackConfig) -> np.nd
     return lengths
 
 
-def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> PackedEpoch:
-    """Pack ``examples`` next-fit, in order, into batches of ``config`` (rules C1-C8).
+@dataclass(frozen=True)
+class _Plan:
+    """Where every example goes: validated, budgeted, not yet written."""
 
-    Raises:
-        InvalidExample / OversizedExample: an example breaks C1/C2 (the message names it).
-        MetadataBudgetError: the call would hold more than ``max_metadata_bytes``.
-        CapacityError: a batch would hold more than ``max_cells`` cells.
-    Nothing large is allocated before the check that covers it has passed.
+    lengths: np.ndarray  # prediction pairs per example
+    row_of: np.ndarray  # row of each example, counted over the whole call
+    column_of: np.ndarray  # first storage column of each example
+    row_first: np.ndarray  # first example of each row, plus the total
+    row_count: int
+    batch_count: int
+
+    def batch_rows(self, batch: int, rows_per_batch: int) -> tuple[int, int]:
+        first = batch * rows_per_batch
+        return first, min(first + rows_per_batch, self.row_count)
+
+
+def _plan(
+    examples: Examples, binding: Binding, config: PackConfig, *, cell_bytes: int
+) -> tuple[_Plan, int]:
+    """Validate, budget and plan one call; returns the plan and its metadata peak.
+
+    ``cell_bytes`` is what the caller will hold per row cell: the full batch arrays
+    for ``pack_examples``, nothing per cell for ``pack_compact``.
     """
     if not isinstance(binding, Binding):
         raise InvalidConfig(f"binding must be streampack.Binding, got {type(binding).__name__}")
@@ -142,52 +167,91 @@ def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> P
             f"accepted: max_rows_per_batch <= {config.max_cells // config.capacity} "
             "or a larger max_cells"
         )
-    peak = metadata_bytes(count, row_count, batch_count, config.capacity)
+    peak = metadata_bytes(count, row_count, batch_count, config.capacity, cell_bytes)
+    if cell_bytes == 0:  # compact batches hold the selected tokens instead of cells
+        peak += np.dtype(np.int32).itemsize * int(lengths.sum() + count) + _INT64 * (count + 1)
     _enforce_budget(peak, config, f"packing {count} examples into {row_count} rows")
-
     row_first = np.searchsorted(row_of, np.arange(row_count + 1, dtype=np.int64))
-    shape = (row_count, config.capacity)
+    return _Plan(lengths, row_of, column_of, row_first, row_count, batch_count), peak
+
+
+def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> PackedEpoch:
+    """Pack ``examples`` next-fit, in order, into batches of ``config`` (rules C1-C8).
+
+    Raises:
+        InvalidExample / OversizedExample: an example breaks C1/C2 (the message names it).
+        MetadataBudgetError: the call would hold more than ``max_metadata_bytes``.
+        CapacityError: a batch would hold more than ``max_cells`` cells.
+    Nothing large is allocated before the check that covers it has passed.
+    """
+    plan, peak = _plan(examples, binding, config, cell_bytes=BYTES_PER_CELL)
+    shape = (plan.row_count, config.capacity)
     arrays = {name: np.empty(shape, dtype) for name, dtype in CELL_DTYPES.items()}
-    valid_lengths = np.empty(row_count, np.int32)
+    valid_lengths = np.empty(plan.row_count, np.int32)
     fill_rows(
         examples.tokens, examples.offsets, examples.doc, examples.start, examples.stop,
-        row_first, arrays["inputs"], arrays["targets"], arrays["segments"],
+        plan.row_first, 0, arrays["inputs"], arrays["targets"], arrays["segments"],
         arrays["positions"], arrays["input_valid"], arrays["target_valid"],
         arrays["loss_mask"], arrays["segment_starts"], valid_lengths,
     )
-    occurrences = _occurrence_records(examples, lengths, row_of, column_of, rows_per_batch)
+    occurrences = _occurrence_records(examples, plan, config.max_rows_per_batch)
 
     batches = []
-    for b in range(batch_count):
-        first_row = b * rows_per_batch
-        last_row = min(first_row + rows_per_batch, row_count)
+    for b in range(plan.batch_count):
+        first_row, last_row = plan.batch_rows(b, config.max_rows_per_batch)
         rows = slice(first_row, last_row)
         batches.append(
             PackedBatch(
                 **{name: array[rows] for name, array in arrays.items()},
                 valid_lengths=valid_lengths[rows],
-                occurrences=occurrences[row_first[first_row] : row_first[last_row]],
+                occurrences=occurrences[plan.row_first[first_row] : plan.row_first[last_row]],
                 binding=binding,
             )
         )
     return PackedEpoch(
-        batches=batches, row_count=row_count, occurrence_count=count, metadata_peak=peak
+        batches=batches, row_count=plan.row_count, occurrence_count=len(examples),
+        metadata_peak=peak,
     )
 
 
-def _occurrence_records(
-    examples: Examples,
-    lengths: np.ndarray,
-    row_of: np.ndarray,
-    column_of: np.ndarray,
-    rows_per_batch: int,
-) -> np.ndarray:
+def pack_compact(examples: Examples, binding: Binding, config: PackConfig) -> list[CompactBatch]:
+    """The batches of ``pack_examples`` as plans: occurrence records + selected tokens.
+
+    Same validation, placement and budget rules; no cell is written. Each
+    ``CompactBatch.expand()`` gives exactly the ``PackedBatch`` that ``pack_examples``
+    returns at the same index. A compact batch is about 4 bytes per cell instead of 23,
+    which is what the service sends over the network.
+    """
+    plan, _ = _plan(examples, binding, config, cell_bytes=0)
+    occurrences = _occurrence_records(examples, plan, config.max_rows_per_batch)
+    token_offsets = np.zeros(len(examples) + 1, np.int64)
+    np.cumsum(plan.lengths + 1, out=token_offsets[1:])
+    selected = np.empty(int(token_offsets[-1]), np.int32)
+    gather_ranges(examples.tokens, examples.offsets, examples.doc, examples.start,
+                  examples.stop, token_offsets, selected)
+    batches = []
+    for b in range(plan.batch_count):
+        first_row, last_row = plan.batch_rows(b, config.max_rows_per_batch)
+        first, last = int(plan.row_first[first_row]), int(plan.row_first[last_row])
+        batches.append(
+            CompactBatch(
+                tokens=selected[token_offsets[first] : token_offsets[last]],
+                occurrences=occurrences[first:last],
+                rows=last_row - first_row,
+                capacity=config.capacity,
+                binding=binding,
+            )
+        )
+    return batches
+
+
+def _occurrence_records(examples: Examples, plan: _Plan, rows_per_batch: int) -> np.ndarray:
     """One record per occurrence; ``row`` is local to the occurrence's batch."""
     records = np.empty(len(examples), OCCURRENCE_DTYPE)
     records["ordinal"] = np.arange(len(examples), dtype=np.int64)
-    records["row"] = row_of % rows_per_batch
-    records["start"] = column_of
-    records["stop"] = column_of + lengths
+    records["row"] = plan.row_of % rows_per_batch
+    records["start"] = plan.column_of
+    records["stop"] = plan.column_of + plan.lengths
     records["segment"] = records["ordinal"]
     records["source_id"] = examples.source_id
     records["example_id"] = examples.example_id

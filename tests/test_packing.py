@@ -249,3 +249,73 @@ def test_occurrence_count_must_fit_int32_segment_ids_c3(monkeypatch):
     examples = sp.Examples.from_documents([[1, 2]] * 3)
     with pytest.raises(sp.InvalidExample, match=r"3 examples in one call; segment IDs are int32"):
         sp.pack_examples(examples, BINDING, sp.PackConfig(capacity=4, max_rows_per_batch=1))
+
+
+# -- compact batches: the same batches as plans -----------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(packing_inputs())
+def test_compact_batches_expand_to_exactly_the_packed_batches(case):
+    examples, binding, config = case
+    packed = compiled_pack(examples, binding, config)
+    compact = sp.pack_compact(examples, binding, config)
+    assert len(compact) == len(packed)
+    for c, p in zip(compact, packed):
+        expanded = c.checked(max_cells=config.max_cells).expand()
+        for field in sp.PackedBatch.ARRAY_FIELDS:
+            np.testing.assert_array_equal(getattr(expanded, field), getattr(p, field), field)
+        np.testing.assert_array_equal(expanded.occurrences, p.occurrences)
+        assert expanded.digest() == p.digest()
+
+
+def _worked_compact() -> sp.CompactBatch:
+    (compact,) = sp.pack_compact(sp.Examples.from_documents([A, B, C]), BINDING,
+                                 sp.PackConfig(capacity=6, max_rows_per_batch=2))
+    return compact
+
+
+def test_compact_batch_carries_selected_tokens_in_order():
+    compact = _worked_compact()
+    assert compact.tokens.tolist() == A + B + C
+    assert compact.nbytes == 12 * 4 + 3 * sp.OCCURRENCE_DTYPE.itemsize
+
+
+def _tampered(field: str, index: int, value: int) -> sp.CompactBatch:
+    compact = _worked_compact()
+    occurrences = compact.occurrences.copy()
+    occurrences[field][index] = value
+    return sp.CompactBatch(tokens=compact.tokens, occurrences=occurrences, rows=compact.rows,
+                           capacity=compact.capacity, binding=compact.binding)
+
+
+@pytest.mark.parametrize(
+    ("batch", "message"),
+    [
+        (lambda: _tampered("start", 1, 2), "start where the last ended"),
+        (lambda: _tampered("stop", 2, 7), "columns out of range"),
+        (lambda: _tampered("row", 2, 2), "no gap"),
+        (lambda: _tampered("ordinal", 1, 5), "consecutive"),
+        (lambda: _tampered("segment", 1, 0), "segment must equal the ordinal"),
+        (lambda: _tampered("range_stop", 0, 9), "range length"),
+        (lambda: sp.CompactBatch(tokens=np.array([0, 999] + B + C, np.int32),
+                                 occurrences=_worked_compact().occurrences[:2], rows=1,
+                                 capacity=6, binding=BINDING), "token count"),
+        (lambda: sp.CompactBatch(tokens=np.array([0, 999, 100, 1] + B + C, np.int32),
+                                 occurrences=_worked_compact().occurrences, rows=2,
+                                 capacity=6, binding=BINDING), "outside the vocabulary"),
+        (lambda: sp.CompactBatch(tokens=_worked_compact().tokens,
+                                 occurrences=_worked_compact().occurrences, rows=2,
+                                 capacity=10**9, binding=BINDING), "rows x capacity <= 1000"),
+    ],
+)
+def test_a_compact_batch_from_elsewhere_is_checked_before_it_is_expanded(batch, message):
+    with pytest.raises(sp.InvalidArray, match=message):
+        batch().checked(max_cells=1000)
+
+
+def test_compact_filler_expands_to_an_all_padding_batch():
+    filler = sp.CompactBatch.filler_like(BINDING, rows=2, capacity=6).checked(max_cells=12)
+    expanded = filler.expand()
+    assert expanded.filler and expanded.digest() == sp.PackedBatch.filler_like(
+        BINDING, 2, 6).digest()

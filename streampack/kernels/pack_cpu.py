@@ -31,14 +31,15 @@ def plan_next_fit(lengths, capacity, row_of, column_of):  # pragma: no cover - c
 
 @njit(parallel=True, cache=True)
 def fill_rows(
-    tokens, offsets, doc, start, stop, row_first,
+    tokens, offsets, doc, start, stop, row_first, first_segment,
     inputs, targets, segments, positions,
     input_valid, target_valid, loss_mask, segment_starts, valid_lengths,
 ):  # pragma: no cover - compiled
     """Write every cell of every row once: the occurrences in order, then padding.
 
-    Row ``r`` holds examples ``row_first[r] .. row_first[r+1]-1``. Rows are independent,
-    so threads split them with no shared writes.
+    Row ``r`` holds examples ``row_first[r] .. row_first[r+1]-1``; example ``i`` gets
+    segment ``first_segment + i``. Rows are independent, so threads split them with no
+    shared writes.
     """
     capacity = inputs.shape[1]
     for r in prange(row_first.shape[0] - 1):
@@ -51,7 +52,7 @@ def fill_rows(
                 c = column + j
                 inputs[r, c] = tokens[base + j]
                 targets[r, c] = tokens[base + j + 1]
-                segments[r, c] = i
+                segments[r, c] = first_segment + i
                 positions[r, c] = j
                 input_valid[r, c] = True
                 target_valid[r, c] = True
@@ -69,3 +70,13 @@ def fill_rows(
             loss_mask[r, c] = False
             segment_starts[r, c] = -1
 
+
+
+@njit(parallel=True, cache=True)
+def gather_ranges(tokens, offsets, doc, start, stop, out_offsets, out):  # pragma: no cover
+    """Copy example ``i``'s selected tokens to ``out[out_offsets[i]:out_offsets[i+1]]``."""
+    for i in prange(doc.shape[0]):
+        base = offsets[doc[i]] + start[i]
+        target = out_offsets[i]
+        for j in range(stop[i] - start[i]):
+            out[target + j] = tokens[base + j]
