@@ -71,6 +71,18 @@ BYTES_PER_CELL = sum(d.itemsize for d in CELL_DTYPES.values())
 BYTES_PER_ROW = ARRAY_DTYPES["valid_lengths"].itemsize
 
 
+def check_binding(actual: Binding, expected: Binding) -> None:
+    """Raise ``BindingMismatch`` naming every field where ``actual`` differs (rule C9)."""
+    if actual == expected:
+        return
+    differences = [
+        f"{name}: batch has {getattr(actual, name)!r}, expected {getattr(expected, name)!r}"
+        for name in ("vocab_size", "tokenizer", "split_receipt", "partition")
+        if getattr(actual, name) != getattr(expected, name)
+    ]
+    raise BindingMismatch("batch binding differs: " + "; ".join(differences))
+
+
 class CuSeqlens(NamedTuple):
     """Varlen (THD) description of a batch flattened to ``rows * capacity`` cells.
 
@@ -215,15 +227,7 @@ class PackedBatch:
 
     def check_binding(self, expected: Binding) -> None:
         """Raise ``BindingMismatch`` unless this batch carries ``expected`` (rule C9)."""
-        if self.binding == expected:
-            return
-        differences = [
-            f"{name}: batch has {getattr(self.binding, name)!r}, expected "
-            f"{getattr(expected, name)!r}"
-            for name in ("vocab_size", "tokenizer", "split_receipt", "partition")
-            if getattr(self.binding, name) != getattr(expected, name)
-        ]
-        raise BindingMismatch("batch binding differs: " + "; ".join(differences))
+        check_binding(self.binding, expected)
 
     def digest(self) -> str:
         """SHA-256 hex over inputs, targets, segments, positions, loss_mask bytes, in order.
@@ -350,3 +354,11 @@ class CompactBatch:
     @property
     def nbytes(self) -> int:
         return int(self.tokens.nbytes + self.occurrences.nbytes)
+
+    @property
+    def real_tokens(self) -> int:
+        """Prediction pairs (real targets) this batch holds."""
+        return int((self.occurrences["stop"] - self.occurrences["start"]).sum())
+
+    def check_binding(self, expected: Binding) -> None:
+        check_binding(self.binding, expected)

@@ -74,6 +74,21 @@ class StreamDigest:
         return self._hash.hexdigest()
 
 
+def _load_expand_kernel() -> None:
+    """Compile (or load from the Numba cache) the kernel that expands received batches.
+
+    Loading costs a second or two once per process; paying it here keeps it out of the
+    first ``next_batch`` and out of any throughput a trainer measures.
+    """
+    from streampack import Binding, Examples, PackConfig, pack_compact
+
+    binding = Binding(vocab_size=4, tokenizer="warm-up", split_receipt="warm-up",
+                      partition="train")
+    (batch,) = pack_compact(Examples.from_documents([[1, 2, 3]]), binding,
+                            PackConfig(capacity=2, max_rows_per_batch=1))
+    batch.expand()
+
+
 class BatchStream:
     """An iterator of ``PackedBatch`` for one rank, fetched from a producer.
 
@@ -133,6 +148,7 @@ class BatchStream:
         self.last_epoch_end: dict[str, int] | None = None
         self.rejected = 0  # malformed messages received and dropped
         self.resent = 0  # times outstanding fetches were sent again after silence
+        _load_expand_kernel()
         self.current: tuple[int, int] | None = None  # (epoch, index) of the last batch
 
     # -- state ----------------------------------------------------------------------
@@ -246,12 +262,12 @@ class BatchStream:
         deadline = time.monotonic() + self.timeout
         while True:
             if self._index in self._held:
-                batch = self._held.pop(self._index)
-                self._held_bytes -= self._nbytes(batch)
+                compact = self._held.pop(self._index)
+                self._held_bytes -= compact.nbytes
                 self._requested.remove(self._index)
                 self.current = (self._epoch, self._index)
                 self._index += self.world_size
-                return batch
+                return compact.expand()
             if self._limit is not None and self._index >= self._limit:
                 self._epoch += 1
                 self._index = self.rank
@@ -284,22 +300,18 @@ class BatchStream:
                 self._finished = True
                 raise StopIteration
 
-    @staticmethod
-    def _nbytes(batch: Any) -> int:
-        return sum(int(getattr(batch, n).nbytes) for n in batch.ARRAY_FIELDS)
-
     def _handle(self, message: wire.Message) -> bool:
         """Take one answer; True when the stream has ended."""
         kind, f = message.kind, message.fields
         if kind == "batch":
             if f["epoch"] != self._epoch or f["index"] not in self._requested:
                 return False  # an answer to a request from before a reset
-            batch = wire.batch_from_message(message)
+            batch = wire.batch_from_message(message, self.limits)
             if self.binding is not None:
                 batch.check_binding(self.binding)
             if f["index"] not in self._held:
                 self._held[f["index"]] = batch
-                size = self._nbytes(batch)
+                size = batch.nbytes
                 self._held_bytes += size
                 self._batch_bytes = size
             return False

@@ -1,9 +1,9 @@
-"""The wire protocol between producer, pack workers and consumers (version 1).
+"""The wire protocol between producer, pack workers and consumers (version 2).
 
 Every message is a ZeroMQ multipart message::
 
     frame 0      header: one msgpack map, keys in this order
-                   "v"  protocol version (int, 1)
+                   "v"  protocol version (int, 2)
                    "k"  kind (str, one of KINDS)
                    ...  the kind's fields, in the order KINDS lists them
                    "f"  one [name, dtype, shape] triple per following frame
@@ -14,7 +14,7 @@ For example ``encode_header("ready", {"credit": 2})`` is these 23 bytes (the tes
 pin them)::
 
     84                    map of 4
-    a1 76 01              "v": 1
+    a1 76 02              "v": 2
     a1 6b a5 72 65 61 64 79      "k": "ready"
     a6 63 72 65 64 69 74 02      "credit": 2
     a1 66 90              "f": []
@@ -26,11 +26,14 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  producer restart
     window     P->W  epoch window binding config frames: tokens offsets doc start stop
                                                  source_id example_id
-    packed     W->P  epoch window batch batches  frames: the batch arrays + occurrences
+    packed     W->P  epoch window batch batches rows capacity
+                                                 frames: tokens occurrences (a compact
+                                                 batch: selected tokens, occurrence records)
     done       W->P  epoch window batches seconds audited audit_failures audit_error
     failed     W->P  epoch window error          packing raised; the window is quarantined
     fetch      C->P  rank world_size epoch index ask for global batch `index` of `epoch`
-    batch      P->C  epoch index window batch filler binding   frames as in `packed`
+    batch      P->C  epoch index window batch filler binding rows capacity
+                                                 frames as in `packed`
     epoch_end  P->C  epoch per_rank total        `index` is past this rank's share
     stream_end P->C  epochs                      no more epochs
     health     C->P  (none)                      are you serving?
@@ -41,7 +44,8 @@ Frame dtypes are fixed per frame name (``FRAME_DTYPES``); a receiver never build
 dtype from a string it was sent. A receiver rejects (``ProtocolError``) an unknown
 version or kind, a missing, extra or mistyped field, a frame list that disagrees with
 the header, a frame whose size disagrees with its shape, and anything over its
-``WireLimits``. ``pickle`` is never used. Arrays decoded from ``zmq.Frame`` objects
+``WireLimits``, and a compact batch that ``CompactBatch.checked`` refuses. ``pickle``
+is never used. Arrays decoded from ``zmq.Frame`` objects
 share the frame's memory (no copy) and are read-only.
 """
 
@@ -56,7 +60,7 @@ import numpy as np
 
 from streampack.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 _INT = "int"
 _STR = "str"
@@ -64,18 +68,10 @@ _BOOL = "bool"
 _MAP = "map"
 _FLOAT = "float"
 
-BATCH_FRAMES = (
-    "inputs",
-    "targets",
-    "segments",
-    "positions",
-    "input_valid",
-    "target_valid",
-    "loss_mask",
-    "segment_starts",
-    "valid_lengths",
-    "occurrences",
-)
+# A batch travels compact (``streampack.CompactBatch``): its occurrence records and the
+# selected tokens, about 4 bytes per cell; the receiver expands it into the 23 bytes per
+# cell of a ``PackedBatch``.
+BATCH_FRAMES = ("tokens", "occurrences")
 WINDOW_FRAMES = ("tokens", "offsets", "doc", "start", "stop", "source_id", "example_id")
 
 # kind -> (fields in order with their types, frame names in order)
@@ -87,7 +83,14 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
         WINDOW_FRAMES,
     ),
     "packed": (
-        (("epoch", _INT), ("window", _INT), ("batch", _INT), ("batches", _INT)),
+        (
+            ("epoch", _INT),
+            ("window", _INT),
+            ("batch", _INT),
+            ("batches", _INT),
+            ("rows", _INT),
+            ("capacity", _INT),
+        ),
         BATCH_FRAMES,
     ),
     "done": (
@@ -112,6 +115,8 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("batch", _INT),
             ("filler", _BOOL),
             ("binding", _MAP),
+            ("rows", _INT),
+            ("capacity", _INT),
         ),
         BATCH_FRAMES,
     ),
@@ -399,33 +404,37 @@ def binding_from_wire(data: Mapping[str, Any]) -> Any:
 
 
 def batch_arrays(batch: Any) -> dict[str, np.ndarray]:
-    """The frames of a ``PackedBatch`` in protocol order."""
-    arrays = {name: getattr(batch, name) for name in BATCH_FRAMES[:-1]}
-    arrays["occurrences"] = batch.occurrences
-    return arrays
+    """The frames of a ``CompactBatch`` in protocol order."""
+    return {"tokens": batch.tokens, "occurrences": batch.occurrences}
 
 
-def batch_from_message(message: Message) -> Any:
-    """Rebuild a ``PackedBatch`` from a ``batch`` message (arrays share the frames)."""
-    from streampack import PackedBatch
+def batch_shape(batch: Any) -> dict[str, int]:
+    """The header fields that say how to expand a ``CompactBatch``."""
+    return {"rows": batch.rows, "capacity": batch.capacity}
+
+
+def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) -> Any:
+    """The checked ``CompactBatch`` of a ``batch`` message (arrays share the frames).
+
+    A batch whose expanded int32 arrays would not fit one frame is refused, so a hostile
+    header cannot make the receiver allocate without bound.
+    """
+    from streampack import CompactBatch, InvalidArray
 
     if message.kind != "batch":
         raise ProtocolError(f"expected a 'batch' message, got {message.kind!r}")
-    arrays = message.arrays
-    rows_cap = arrays["inputs"].shape
-    if len(rows_cap) != 2:
-        raise ProtocolError(f"inputs shape {rows_cap} is not [rows, capacity]")
-    for name in BATCH_FRAMES[:-1]:
-        want = (rows_cap[0],) if name == "valid_lengths" else rows_cap
-        if arrays[name].shape != want:
-            raise ProtocolError(f"frame {name!r} shape {arrays[name].shape}; expected {want}")
-    if arrays["occurrences"].ndim != 1:
-        raise ProtocolError(f"occurrences shape {arrays['occurrences'].shape} is not 1-D")
-    return PackedBatch(
-        **{name: arrays[name] for name in BATCH_FRAMES},
-        binding=binding_from_wire(message.fields["binding"]),
-        filler=message.fields["filler"],
-    )
+    f = message.fields
+    try:
+        return CompactBatch(
+            tokens=message.arrays["tokens"],
+            occurrences=message.arrays["occurrences"],
+            rows=f["rows"],
+            capacity=f["capacity"],
+            binding=binding_from_wire(f["binding"]),
+            filler=f["filler"],
+        ).checked(max_cells=limits.max_frame_bytes // 4)
+    except InvalidArray as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def curve_server(socket: Any, secret_key: bytes) -> None:

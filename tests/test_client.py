@@ -14,7 +14,15 @@ import numpy as np
 import pytest
 import zmq
 
-from streampack import Binding, BindingMismatch, PackedBatch, ProtocolError, StreampackError, wire
+from streampack import (
+    Binding,
+    BindingMismatch,
+    CompactBatch,
+    PackedBatch,
+    ProtocolError,
+    StreampackError,
+    wire,
+)
 from streampack.client import BatchStream, StreamDigest, StreamTimeout
 
 BINDING = Binding(vocab_size=512, tokenizer="t", split_receipt="r", partition="train")
@@ -53,9 +61,9 @@ class FakeProducer:
 
 
 def filler_frames(epoch, index, binding=BINDING):
-    batch = PackedBatch.filler_like(binding, 2, 8)
+    batch = CompactBatch.filler_like(binding, 2, 8)
     fields = {"epoch": epoch, "index": index, "window": -1, "batch": -1, "filler": True,
-              "binding": wire.binding_to_wire(binding)}
+              "binding": wire.binding_to_wire(binding)} | wire.batch_shape(batch)
     return [bytes(f) for f in wire.encode("batch", fields, wire.batch_arrays(batch))]
 
 

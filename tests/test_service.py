@@ -218,7 +218,8 @@ def test_a_fresh_producer_resumes_a_saved_cursor(reference):
 
 def test_trainers_ride_out_a_producer_restart(reference):
     """kill -9 of the producer mid-epoch: a new one on the same endpoints, the running
-    consumer resends its fetches and the worker reconnects; the stream is unchanged."""
+    consumer's fetches reach it (queued across the reconnect, or resent after silence:
+    which one depends on timing) and the worker reconnects; the stream is unchanged."""
     want = reference[0]["list"]
     first = Service(FIXTURE, **SHUFFLED).__enter__()
     second = None
@@ -234,7 +235,6 @@ def test_trainers_ride_out_a_producer_restart(reference):
                     second = Service(FIXTURE, worker_endpoint=first.worker_endpoint,
                                      consumer_endpoint=first.consumer_endpoint,
                                      **SHUFFLED).__enter__()
-            assert s.resent >= 1
     finally:
         if second is not None:
             second.__exit__(None, None, None)

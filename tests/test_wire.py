@@ -7,21 +7,38 @@ import numpy as np
 import pytest
 import zmq
 
-from streampack import Binding, Examples, PackConfig, ProtocolError, pack_examples, wire
+from streampack import (
+    Binding,
+    CompactBatch,
+    Examples,
+    PackConfig,
+    ProtocolError,
+    pack_compact,
+    pack_examples,
+    wire,
+)
 
 BINDING = Binding(vocab_size=266, tokenizer="fixture", split_receipt="r1", partition="train")
 
 
+WORKED = [[0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]]
+WORKED_CONFIG = PackConfig(capacity=6, max_rows_per_batch=2)
+
+
 def worked_batch():
     """The worked example (A, B, C at capacity 6) as one packed batch."""
-    examples = Examples.from_documents([[0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]])
-    return pack_examples(examples, BINDING, PackConfig(capacity=6, max_rows_per_batch=2)).batches[0]
+    return pack_examples(Examples.from_documents(WORKED), BINDING, WORKED_CONFIG).batches[0]
+
+
+def worked_compact() -> CompactBatch:
+    (compact,) = pack_compact(Examples.from_documents(WORKED), BINDING, WORKED_CONFIG)
+    return compact
 
 
 def test_ready_header_bytes_are_pinned():
     header = wire.encode_header("ready", {"credit": 2})
     assert header == bytes.fromhex(
-        "84" "a176" "01" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02" "a166" "90"
+        "84" "a176" "02" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02" "a166" "90"
     )
     assert len(header) == 23
 
@@ -29,7 +46,7 @@ def test_ready_header_bytes_are_pinned():
 def test_fetch_header_bytes_are_pinned():
     header = wire.encode_header("fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3})
     expected = (
-        b"\x87\xa1v\x01\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\x87\xa1v\x02\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
         b"\xa5epoch\x00\xa5index\x03\xa1f\x90"
     )
     assert header == expected
@@ -56,39 +73,71 @@ def test_window_header_lists_frames_with_dtype_and_shape():
     np.testing.assert_array_equal(message.arrays["stop"], [2, 3])
 
 
-def test_batch_round_trip_is_byte_identical_and_zero_copy():
-    batch = worked_batch()
+def batch_fields(compact, **overrides):
     fields = {"epoch": 0, "index": 0, "window": 0, "batch": 0, "filler": False,
-              "binding": wire.binding_to_wire(BINDING)}
-    frames = wire.encode("batch", fields, wire.batch_arrays(batch))
+              "binding": wire.binding_to_wire(BINDING)} | wire.batch_shape(compact)
+    return fields | overrides
+
+
+def test_batch_travels_compact_and_expands_to_the_packed_batch():
+    compact = worked_compact()
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
+    header = msgpack.unpackb(frames[0])
+    assert (header["rows"], header["capacity"]) == (2, 6)
+    assert header["f"][0] == ["tokens", "<i4", [12]]
+    assert header["f"][1] == ["occurrences", "occurrence", [3]]
+    assert bytes(frames[1]) == np.array(sum(WORKED, []), "<i4").tobytes()
     zmq_frames = [zmq.Frame(bytes(f)) for f in frames]
-    message = wire.decode(zmq_frames)
-    again = wire.batch_from_message(message)
+    received = wire.batch_from_message(wire.decode(zmq_frames))
+    # The compact arrays are views of the received frames, not copies.
+    assert np.shares_memory(received.tokens, np.frombuffer(zmq_frames[1].buffer, np.uint8))
+    batch, again = worked_batch(), received.expand()
     assert again.digest() == batch.digest()
     for name in batch.ARRAY_FIELDS:
         np.testing.assert_array_equal(getattr(again, name), getattr(batch, name))
-        assert not getattr(again, name).flags.writeable
     assert again.occurrences.tobytes() == batch.occurrences.tobytes()
-    # A view of the received frame, not a copy.
-    assert np.shares_memory(again.inputs, np.frombuffer(zmq_frames[1].buffer, np.uint8))
     assert again.binding == BINDING
-    expected = [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]]
-    np.testing.assert_array_equal(again.inputs, expected)
+    np.testing.assert_array_equal(
+        again.inputs, [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]])
+
+
+def test_a_batch_costs_about_four_bytes_per_cell_on_the_wire():
+    compact = worked_compact()
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
+    assert sum(len(bytes(f)) for f in frames[1:]) == 12 * 4 + 3 * 64
+    assert worked_batch().stats()["cells"] * 23 == 276
 
 
 def test_forwarding_reheads_frames_without_copying():
-    batch = worked_batch()
+    compact = worked_compact()
     packed = wire.decode(wire.encode(
-        "packed", {"epoch": 1, "window": 2, "batch": 0, "batches": 1}, wire.batch_arrays(batch)))
-    fields = {"epoch": 1, "index": 9, "window": 2, "batch": 0, "filler": False,
-              "binding": wire.binding_to_wire(BINDING)}
+        "packed", {"epoch": 1, "window": 2, "batch": 0, "batches": 1} | wire.batch_shape(compact),
+        wire.batch_arrays(compact)))
+    fields = batch_fields(compact, epoch=1, index=9, window=2)
     forwarded = wire.encode_forward("batch", fields, packed)
     assert forwarded[1:] == packed.frames
-    assert wire.batch_from_message(wire.decode(forwarded)).digest() == batch.digest()
+    expanded = wire.batch_from_message(wire.decode(forwarded)).expand()
+    assert expanded.digest() == worked_batch().digest()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"capacity": 4}, "columns out of range"),
+        ({"rows": 3}, "no gap"),
+        ({"rows": 1 << 40}, "rows x capacity"),
+        ({"filler": True}, "filler exactly when"),
+    ],
+)
+def test_an_inconsistent_batch_message_is_rejected(overrides, match):
+    compact = worked_compact()
+    frames = wire.encode("batch", batch_fields(compact, **overrides), wire.batch_arrays(compact))
+    with pytest.raises(ProtocolError, match=match):
+        wire.batch_from_message(wire.decode(frames))
 
 
 def _header(**overrides):
-    header = {"v": 1, "k": "ready", "credit": 1, "f": []}
+    header = {"v": 2, "k": "ready", "credit": 1, "f": []}
     header.update(overrides)
     return msgpack.packb(header)
 
@@ -99,17 +148,17 @@ def _header(**overrides):
         ([], "empty message"),
         ([b"\xc1"], "not valid msgpack"),
         ([msgpack.packb([1, 2])], "expected a msgpack map"),
-        ([_header(v=2)], "protocol version 2 is not supported"),
+        ([_header(v=1)], "protocol version 1 is not supported"),
         ([_header(k="launch")], "unknown message kind 'launch'"),
         ([_header(credit="many")], "field 'credit'"),
         ([_header(credit=True)], "field 'credit'"),
         ([_header(extra=1)], "header keys"),
-        ([msgpack.packb({"v": 1, "k": "ready", "f": []})], "header keys"),
+        ([msgpack.packb({"v": 2, "k": "ready", "f": []})], "header keys"),
         ([_header(), b"x"], "announces 0 frame"),
         ([b"\x81\xa1v" + b"\xdb" + (1 << 20).to_bytes(4, "big") + b"x" * (1 << 20)], "exceeds"),
-        ([msgpack.packb({"v": 1, "k": "ready", "credit": 1, "f": list(range(1000))})],
+        ([msgpack.packb({"v": 2, "k": "ready", "credit": 1, "f": list(range(1000))})],
          "not valid msgpack"),
-        ([msgpack.packb({"v": 1, "k": "ready", "credit": b"\x00" * 10, "f": []})],
+        ([msgpack.packb({"v": 2, "k": "ready", "credit": b"\x00" * 10, "f": []})],
          "not valid msgpack"),
     ],
 )

@@ -1,8 +1,9 @@
 """``streampack digest``: what one rank would receive, computed in this process.
 
-No sockets, no workers: the same windows (``sources.iter_windows``), the same
-``pack_examples`` call per window (``worker.pack_window``), the same global numbering
-and epoch-tail rule as the producer. The printed JSON line has the fields of
+No sockets, no workers: the same windows (``sources.iter_windows``), packed with
+``pack_examples`` (the service sends ``pack_compact`` batches and expands them in the
+consumer, so agreeing digests also check that path), the same global numbering and
+epoch-tail rule as the producer. The printed JSON line has the fields of
 ``streampack consume``'s final line, so a deployment can be checked end to end by
 comparing the two ``digest`` values.
 """
@@ -15,11 +16,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from streampack import PackConfig, PackedBatch
+from streampack import PackConfig, PackedBatch, pack_examples
 from streampack.client import StreamDigest
 from streampack.settings import ProducerSettings, add_flags, from_args
 from streampack.sources import CutSpec, iter_windows, open_corpus
-from workers.worker import pack_window
+from workers.worker import window_examples
 
 
 def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterator[PackedBatch]:
@@ -34,8 +35,7 @@ def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterat
     for window in iter_windows(source, epoch, CutSpec.from_settings(settings)):
         if len(window.start) == 0:
             continue
-        _, batches = pack_window(window.arrays(), binding, config)
-        yield from batches
+        yield from pack_examples(window_examples(window.arrays()), binding, config).batches
 
 
 def rank_stream(

@@ -61,7 +61,7 @@ from typing import Any
 
 import zmq
 
-from streampack import PackedBatch, wire
+from streampack import CompactBatch, InvalidArray, wire
 from streampack.errors import InvalidConfig, ProtocolError
 from streampack.settings import ProducerSettings, add_flags, from_args, read_curve_secret
 from streampack.sources import CutSpec, Window, iter_windows, open_corpus
@@ -164,6 +164,7 @@ class Producer:
         self.pending_count: dict[bytes, int] = collections.defaultdict(int)
         self.started = False
         self._filler_frames: list[Any] | None = None
+        self._filler_shape: dict[str, int] = {}
 
     # ------------------------------------------------------------------ cutting
 
@@ -377,18 +378,23 @@ class Producer:
         if state is None:
             self.stats["stale_dropped"] += 1
             return
-        inputs = message.arrays["inputs"]
         if (
             not 0 <= f["batch"] < f["batches"]
-            or inputs.ndim != 2
-            or inputs.shape[1] != self.settings.capacity
-            or not 0 < inputs.shape[0] <= self.settings.max_rows_per_batch
+            or f["capacity"] != self.settings.capacity
+            or not 0 < f["rows"] <= self.settings.max_rows_per_batch
         ):
             raise ProtocolError(
-                f"packed batch {f['batch']}/{f['batches']} of window {key} with inputs "
-                f"{inputs.shape} does not fit capacity {self.settings.capacity} and "
-                f"max_rows_per_batch {self.settings.max_rows_per_batch}"
+                f"packed batch {f['batch']}/{f['batches']} of window {key} with "
+                f"{f['rows']} rows x capacity {f['capacity']} does not fit capacity "
+                f"{self.settings.capacity} and max_rows_per_batch "
+                f"{self.settings.max_rows_per_batch}"
             )
+        try:  # refuse here what a consumer would refuse, so one bad worker cannot stall a rank
+            CompactBatch(tokens=message.arrays["tokens"], occurrences=message.arrays["occurrences"],
+                         rows=f["rows"], capacity=f["capacity"], binding=self.binding).checked(
+                max_cells=f["rows"] * f["capacity"])
+        except InvalidArray as exc:
+            raise ProtocolError(f"packed batch {f['batch']} of window {key}: {exc}") from None
         if f["batch"] in state.batches or state.expected == 0:
             self.stats["duplicates_dropped"] += 1
             return
@@ -584,10 +590,11 @@ class Producer:
 
     def _filler(self) -> list[Any]:
         if self._filler_frames is None:
-            batch = PackedBatch.filler_like(
+            batch = CompactBatch.filler_like(
                 self.binding, self.settings.max_rows_per_batch, self.settings.capacity
             )
             self._filler_frames = list(wire.batch_arrays(batch).items())
+            self._filler_shape = wire.batch_shape(batch)
         return self._filler_frames
 
     def _serve_pending(self, socket: zmq.Socket) -> None:
@@ -609,24 +616,29 @@ class Producer:
                     if self.floors.get(rank, nxt) < nxt:
                         self.floors[rank] = nxt
                 elif limit is not None and index >= self.totals[epoch]:
+                    frames = dict(self._filler())
                     fields = {"epoch": epoch, "index": index, "window": -1, "batch": -1,
-                              "filler": True, "binding": self.binding_wire}
+                              "filler": True, "binding": self.binding_wire} | self._filler_shape
                     for identity in identities:
-                        self._send(socket, identity, "batch", fields, dict(self._filler()))
+                        self._send(socket, identity, "batch", fields, frames)
                     self.stats["fillers_served"] += 1
                     self._advance_floor(key)
                 elif key in self.ready:
                     message, window, batch = self.ready.pop(key)
                     self.reorder_bytes -= message_bytes(message)
                     fields = {"epoch": epoch, "index": index, "window": window, "batch": batch,
-                              "filler": False, "binding": self.binding_wire}
+                              "filler": False, "binding": self.binding_wire,
+                              "rows": message.fields["rows"],
+                              "capacity": message.fields["capacity"]}
                     for identity in identities:
                         socket.send_multipart(
                             [identity, *wire.encode_forward("batch", fields, message)],
                             copy=False,
                         )
                     self.stats["batches_served"] += 1
-                    self.stats["tokens_served"] += int(message.arrays["valid_lengths"].sum())
+                    occurrences = message.arrays["occurrences"]
+                    self.stats["tokens_served"] += int(
+                        (occurrences["stop"] - occurrences["start"]).sum())
                     self._advance_floor(key)
                 else:
                     continue

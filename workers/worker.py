@@ -6,8 +6,9 @@ A worker connects a DEALER socket to the producer's worker endpoint and loops::
     send ready{credit: prefetch}
     repeat:
         window{epoch, window, binding, config} + frames  ->  Examples (validated)
-            -> pack_examples(examples, binding, PackConfig(**config))
-            -> packed{epoch, window, batch, batches} + batch frames, one per batch
+            -> pack_compact(examples, binding, PackConfig(**config))
+            -> packed{epoch, window, batch, batches, rows, capacity} + compact batch
+               frames (selected tokens + occurrence records), one message per batch
             -> done{epoch, window, batches, seconds, audit...}
             -> ready{credit: 1}
         every heartbeat_interval seconds: heartbeat{free}
@@ -35,15 +36,13 @@ from typing import Any
 import numpy as np
 import zmq
 
-from streampack import Examples, PackConfig, StreampackError, pack_examples, wire
+from streampack import Examples, PackConfig, StreampackError, pack_compact, wire
 from streampack.settings import WorkerSettings, add_flags, from_args
 
 
-def pack_window(
-    arrays: dict[str, np.ndarray], binding: Any, config: PackConfig
-) -> tuple[Examples, list[Any]]:
-    """Pack one window's frames; the same call the in-process digest makes."""
-    examples = Examples(
+def window_examples(arrays: dict[str, np.ndarray]) -> Examples:
+    """The examples of one window's frames (validated by ``Examples``)."""
+    return Examples(
         tokens=arrays["tokens"],
         offsets=arrays["offsets"],
         doc=arrays["doc"],
@@ -52,7 +51,6 @@ def pack_window(
         source_id=arrays["source_id"],
         example_id=arrays["example_id"],
     )
-    return examples, pack_examples(examples, binding, config).batches
 
 
 def pack_config_from_wire(config: dict[str, Any]) -> PackConfig:
@@ -72,10 +70,11 @@ def _warm_up(audit: Any = None) -> str:
 
     binding = Binding(vocab_size=8, tokenizer="warm-up", split_receipt="warm-up", partition="train")
     examples = Examples.from_documents([[1, 2, 3], [4, 5]])
-    epoch = pack_examples(examples, binding, PackConfig(capacity=4, max_rows_per_batch=1))
+    (batch,) = pack_compact(examples, binding, PackConfig(capacity=4, max_rows_per_batch=1))
+    batch.expand()
     if audit is not None:
         try:
-            audit(epoch.batches[0], examples=examples)
+            audit(batch.expand(), examples=examples)
         except Exception as exc:  # an audit bug must not stop packing
             return f"audit unavailable: {type(exc).__name__}: {exc}"
     return ""
@@ -119,7 +118,7 @@ class Worker:
         if self._audit_broken:
             return 1, 1, self._audit_broken
         try:
-            report = self._audit_fn(batch, examples=examples)
+            report = self._audit_fn(batch.expand(), examples=examples)
         except Exception as exc:  # counted as a failed audit; packing goes on
             return 1, 1, f"audit raised {type(exc).__name__}: {exc}"[:1000]
         if report.passed:
@@ -133,7 +132,8 @@ class Worker:
         try:
             binding = wire.binding_from_wire(fields["binding"])
             config = pack_config_from_wire(fields["config"])
-            examples, batches = pack_window(message.arrays, binding, config)
+            examples = window_examples(message.arrays)
+            batches = pack_compact(examples, binding, config)
         except StreampackError as exc:
             self.counters["failed"] += 1
             self.log(f"worker: window {epoch}/{window} failed to pack: {exc}")
@@ -150,7 +150,8 @@ class Worker:
             self._send(
                 socket,
                 "packed",
-                {"epoch": epoch, "window": window, "batch": index, "batches": len(batches)},
+                {"epoch": epoch, "window": window, "batch": index, "batches": len(batches)}
+                | wire.batch_shape(batch),
                 wire.batch_arrays(batch),
             )
             self._beat_if_due(socket)  # audits are slow: stay visibly alive between batches
