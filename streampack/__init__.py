@@ -26,6 +26,7 @@ from .errors import (
     StreampackError,
 )
 from .examples import Binding, Examples
+from .kernels import range_attention, range_attention_backward
 from .loss import LossResult, document_mean, loss_gradient, probe_logits, row_mean, token_loss
 from .packing import PackedEpoch, pack_compact, pack_examples
 
@@ -62,6 +63,8 @@ __all__ = [
     "pack_compact",
     "pack_examples",
     "probe_logits",
+    "range_attention",
+    "range_attention_backward",
     "row_mean",
     "token_loss",
 ]
