@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from .errors import StreampackError
+
 # (name, module, one-line help). Add a subcommand by adding a row.
 COMMANDS: list[tuple[str, str, str]] = [
     ("trace", "streampack.trace", "print the JSON trace of the worked example"),
@@ -40,7 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args._module.main(args) or 0)
+    try:
+        return int(args._module.main(args) or 0)
+    except StreampackError as error:
+        # A user mistake (bad flag value, missing corpus, ...): say what, not a traceback.
+        print(f"streampack: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -54,3 +54,12 @@ def test_missing_fixture_is_a_clear_error(tmp_path):
 
     with pytest.raises(InvalidConfig, match="pass --fixture PATH"):
         find_fixture(str(tmp_path / "nowhere.json"))
+
+
+def test_a_user_error_is_one_line_and_exit_code_2(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "streampack.cli", "trace", "--fixture", str(tmp_path / "x.json")],
+        capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.startswith("streampack: error: worked-example fixture not found")
+    assert "Traceback" not in run.stderr
