@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 import pytest
+from _packing_cases import BINDING, A, B, C
 
 import streampack as sp
-from tests._packing_cases import BINDING, A, B, C
 
 LN2 = math.log(2)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _packing_cases import BINDING, PACKERS, A, B, C, compiled_pack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streampack as sp
 from streampack.reference.packing import reference_pack
-from tests._packing_cases import BINDING, PACKERS, A, B, C, compiled_pack
 
 packers = pytest.mark.parametrize("pack", PACKERS.values(), ids=PACKERS.keys())
 
