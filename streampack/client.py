@@ -73,6 +73,18 @@ class StreamDigest:
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
+    def summary(self, rank: int, world_size: int, state: dict[str, int]) -> dict[str, Any]:
+        """The final JSON line of ``consume`` and ``digest``: equal streams, equal lines."""
+        return {
+            "rank": rank,
+            "world_size": world_size,
+            "batches": self.batches,
+            "fillers": self.fillers,
+            "tokens": self.tokens,
+            "digest": self.hexdigest(),
+            "state": state,
+        }
+
 
 def _load_expand_kernel() -> None:
     """Compile (or load from the Numba cache) the kernel that expands received batches.

@@ -109,15 +109,9 @@ def main(args: argparse.Namespace) -> int:
             json.dump(state, handle)
     if args.record:
         np.save(args.record, np.concatenate(records) if records else np.zeros((0, 3), np.int64))
-    print(json.dumps({
-        "rank": args.rank,
-        "world_size": args.world_size,
-        "batches": digest.batches,
-        "fillers": digest.fillers,
-        "tokens": digest.tokens,
+    print(json.dumps(digest.summary(args.rank, args.world_size, state) | {
         "seconds": round(seconds, 3),
         "tokens_per_second": round(digest.tokens / seconds, 1) if seconds else 0.0,
         "digest": digest.hexdigest() if args.digest else "",
-        "state": state,
     }), flush=True)
     return 0

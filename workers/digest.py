@@ -98,13 +98,5 @@ def main(args: argparse.Namespace) -> int:
             state = {"epoch": epoch, "index": index}
             break
         digest.update(batch, epoch, index)
-    print(json.dumps({
-        "rank": args.rank,
-        "world_size": args.world_size,
-        "batches": digest.batches,
-        "fillers": digest.fillers,
-        "tokens": digest.tokens,
-        "digest": digest.hexdigest(),
-        "state": state,
-    }), flush=True)
+    print(json.dumps(digest.summary(args.rank, args.world_size, state)), flush=True)
     return 0
