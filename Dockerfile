@@ -57,9 +57,10 @@ USER 10001:10001
 EXPOSE 5555 5556
 
 # Asks a producer whether it is serving: the container's own by default; a worker or
-# consumer container sets STREAMPACK_HEALTH_ENDPOINT to its producer's consumer endpoint.
+# consumer container sets STREAMPACK_HEALTH_ENDPOINT to its producer's consumer endpoint,
+# and STREAMPACK_CURVE_SERVER_KEY to the producer's public key when it uses CURVE.
 HEALTHCHECK --interval=15s --timeout=10s --start-period=60s --retries=3 \
-    CMD ["/bin/sh", "-c", "exec streampack health --endpoint \"$STREAMPACK_HEALTH_ENDPOINT\" --timeout 5"]
+    CMD ["/bin/sh", "-c", "set -- --endpoint \"$STREAMPACK_HEALTH_ENDPOINT\" --timeout 5; if [ -n \"$STREAMPACK_CURVE_SERVER_KEY\" ]; then set -- \"$@\" --curve-server-key \"$STREAMPACK_CURVE_SERVER_KEY\"; fi; exec streampack health \"$@\""]
 
 # Exec form: streampack is PID 1 and receives SIGTERM itself (every role handles it).
 ENTRYPOINT ["streampack"]

@@ -12,7 +12,8 @@
 #   6. run 1      producer + 2 workers + a consumer on a user-defined network; the
 #                 consumer's digest must equal an in-process digest of the same corpus
 #                 and settings, computed on the host
-#   7. run 2      the same, with one worker container killed (`docker kill`) mid-epoch
+#   7. run 2      the same over CURVE (the producer's key pair made for the run), with
+#                 one worker container killed (`docker kill`) mid-epoch
 #   8. measure    image size, build time, cold start to first batch (warm and cold cache)
 #
 # Usage: deploy/test-docker.sh [build|run]
@@ -349,6 +350,14 @@ TOML
     chmod 644 "$WORK/e2e.toml"
 }
 
+# The producer's CURVE public key while a run uses CURVE (run 2), else empty.
+CURVE_KEY=""
+
+curve_client_flags() {
+    # The flag every client (worker, consumer, health probe) needs under CURVE.
+    [[ -z $CURVE_KEY ]] || printf '%s\n' --curve-server-key "$CURVE_KEY"
+}
+
 svc() {
     # docker run -d for one service container of this test run: $1 = name suffix.
     local name=$1
@@ -357,14 +366,32 @@ svc() {
         -v "$CORPUS_DIR:/data/corpus:ro" \
         -v "$WORK/e2e.toml:/etc/streampack/streampack.toml:ro" \
         -e STREAMPACK_HEALTH_ENDPOINT=tcp://producer:5556 \
+        -e "STREAMPACK_CURVE_SERVER_KEY=$CURVE_KEY" \
         "$@" >/dev/null
 }
 
 start_producer() {
+    local keys=()
+    if [[ -n $CURVE_KEY ]]; then
+        keys=(-v "$WORK/producer.key:/etc/streampack/keys/producer.key:ro")
+    fi
     svc producer --network-alias producer --health-interval 1s --health-start-period 60s \
-        -e STREAMPACK_HEALTH_ENDPOINT=tcp://127.0.0.1:5556 \
+        -e STREAMPACK_HEALTH_ENDPOINT=tcp://127.0.0.1:5556 "${keys[@]}" \
         "$IMAGE" produce --config /etc/streampack/streampack.toml --corpus /data/corpus \
-        --worker-endpoint tcp://0.0.0.0:5555 --consumer-endpoint tcp://0.0.0.0:5556 "$@"
+        --worker-endpoint tcp://0.0.0.0:5555 --consumer-endpoint tcp://0.0.0.0:5556 \
+        ${CURVE_KEY:+--curve-secret-key-file /etc/streampack/keys/producer.key} "$@"
+}
+
+make_curve_keys() {
+    # A fresh producer key pair: the secret key in a file the producer mounts, the
+    # public key handed to every client.
+    CURVE_KEY=$("$HOST_PYTHON" -c '
+import sys, zmq
+public, secret = zmq.curve_keypair()
+open(sys.argv[1], "wb").write(secret)
+print(public.decode())' "$WORK/producer.key")
+    # Readable by the container's unprivileged user (a test key; a real one is a Secret).
+    chmod 644 "$WORK/producer.key"
 }
 
 start_worker() {
@@ -372,13 +399,18 @@ start_worker() {
     # kernel it loads from, or saves to, the cache.
     local n=$1
     shift
+    local curve=()
+    mapfile -t curve < <(curve_client_flags)
     svc "worker-$n" -e NUMBA_DEBUG_CACHE=1 "$@" "$IMAGE" worker \
-        --config /etc/streampack/streampack.toml --connect tcp://producer:5555
+        --config /etc/streampack/streampack.toml --connect tcp://producer:5555 "${curve[@]}"
 }
 
 start_consumer() {
-    svc consumer "$IMAGE" consume --config /etc/streampack/streampack.toml \
-        --connect tcp://producer:5556 --rank "$RANK" --world-size "$WORLD_SIZE" "$@"
+    local curve=()
+    mapfile -t curve < <(curve_client_flags)
+    svc consumer -e NUMBA_DEBUG_CACHE=1 "$IMAGE" consume \
+        --config /etc/streampack/streampack.toml --connect tcp://producer:5556 \
+        --rank "$RANK" --world-size "$WORLD_SIZE" "${curve[@]}" "$@"
 }
 
 wait_healthy() {
@@ -465,6 +497,8 @@ e2e_run_plain() {
         [[ $loaded -gt 0 ]] || fail "run 1: worker-$i loaded no Numba kernel from the cache"
         [[ $compiled == 0 ]] || fail "run 1: worker-$i compiled $compiled Numba kernels at run time"
     done
+    compiled=$(docker logs "$RUN_ID-consumer" 2>&1 | grep -c '^\[cache\] data saved' || true)
+    [[ $compiled == 0 ]] || fail "run 1: the consumer compiled $compiled Numba kernels at run time"
     read -r audited audit_failures <<<"$(producer_stat audited audit_failures)"
     [[ $audited -gt 0 && $audit_failures == 0 ]] \
         || fail "run 1: workers audited $audited batches with $audit_failures failures"
@@ -484,8 +518,10 @@ e2e_run_plain() {
 
 producer_stat() {
     # producer_stat FIELD...: the producer's counters from `streampack health`, as asked.
-    local status
-    status=$(docker exec "$RUN_ID-producer" streampack health --timeout 5 2>/dev/null) || return 1
+    local status curve=()
+    mapfile -t curve < <(curve_client_flags)
+    status=$(docker exec "$RUN_ID-producer" streampack health --timeout 5 "${curve[@]}" \
+        2>/dev/null) || return 1
     "$HOST_PYTHON" -c '
 import json, sys
 stats = json.loads(sys.argv[1])["stats"]
@@ -495,10 +531,15 @@ print(" ".join(str(stats.get(name, 0)) for name in sys.argv[2:]))' "$status" "$@
 DIGEST_RUN2=""
 KILLED_AT=""
 e2e_run_kill() {
-    log "run 2: producer + 2 workers + consumer, worker-1 killed mid-epoch"
+    log "run 2: producer + 2 workers + consumer over CURVE, worker-1 killed mid-epoch"
+    make_curve_keys
     docker network create --label "$LABEL" "$NETWORK" >/dev/null
     start_producer
     wait_healthy producer
+    # Without the producer's public key a client gets no answer.
+    if docker exec "$RUN_ID-producer" streampack health --timeout 2 >/dev/null 2>&1; then
+        fail "run 2: the CURVE producer answered a client that has no key"
+    fi
     start_worker 1 --cpus 0.25
     start_worker 2 --cpus 0.25
     start_consumer
@@ -534,6 +575,7 @@ e2e_run_kill() {
     DIGEST_RUN2=$(json_field "$result" digest)
     log "run 2: the kill came at batch $KILLED_AT of $total"
     remove_run
+    CURVE_KEY=""
 }
 
 remove_run() {

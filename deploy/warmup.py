@@ -2,35 +2,33 @@
 
 The image runs this at build time (as the runtime user, with ``NUMBA_CACHE_DIR`` set),
 so that a container loads every kernel from the cache instead of compiling it at start.
-Numba compiles one specialization per argument type, and a worker's arrays are not
-the same types as a test's: they come out of ``wire.decode`` (read-only views of the
-received frames) in the protocol dtypes. So the warm-up goes the whole way a window
-goes — a small corpus on disk, ``sources.iter_windows``, the wire round trip,
-``pack_window`` and the audit — and also packs the undecoded arrays the in-process
-``streampack digest`` uses, and the worked example of ``streampack trace``.
+Numba compiles one specialization per argument type, and the types a process meets
+depend on its path (arrays decoded from messages are read-only views, for one), so the
+warm-up does not call internals: it runs the real commands on a small corpus —
+``streampack serve`` with an auditing worker, ``streampack consume`` against it,
+``streampack digest`` in process, and ``streampack trace`` — and checks on the way
+that the served stream equals the in-process one and that every audit passed.
 
 Usage: ``python warmup.py`` (prints one JSON line with what it ran).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from streampack import PackConfig, wire
-from streampack.audit import audit
-from streampack.cli import main as cli_main
-from streampack.settings import ProducerSettings
-from streampack.sources import CutSpec, iter_windows, open_corpus
-from workers.worker import pack_window
-
 VOCAB_SIZE = 512
+SETTINGS = [
+    "--capacity", "64", "--max-rows-per-batch", "4", "--window-documents", "16",
+    "--epochs", "1",
+]
 
 
 def _write_corpus(directory: Path, seed: int = 0) -> None:
@@ -54,50 +52,63 @@ def _write_corpus(directory: Path, seed: int = 0) -> None:
     (directory / "manifest.json").write_text(json.dumps(manifest))
 
 
+def _streampack(*args: str, timeout: float = 600) -> dict:
+    """Run one streampack command; its last stdout line, parsed as JSON."""
+    result = subprocess.run(
+        [sys.executable, "-m", "streampack.cli", *args],
+        check=True, capture_output=True, text=True, timeout=timeout,
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     started = time.perf_counter()
-    windows = batches = audited = 0
     with tempfile.TemporaryDirectory(prefix="streampack-warmup-") as tmp:
-        _write_corpus(Path(tmp))
-        settings = ProducerSettings(
-            corpus=tmp, capacity=64, max_rows_per_batch=4, window_documents=16
+        corpus = Path(tmp) / "corpus"
+        corpus.mkdir()
+        _write_corpus(corpus)
+        # ipc endpoints: nothing to collide with on the build host's network.
+        consumers = f"ipc://{tmp}/consumers"
+        serve = subprocess.Popen(
+            [
+                sys.executable, "-m", "streampack.cli", "serve", "--corpus", str(corpus),
+                "--workers", "1", "--audit-every", "1", *SETTINGS,
+                "--worker-endpoint", f"ipc://{tmp}/workers", "--consumer-endpoint", consumers,
+            ],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
-        source = open_corpus(settings.corpus)
-        binding = source.binding.to_binding()
-        config = PackConfig(capacity=settings.capacity, max_rows_per_batch=4)
-        for window in iter_windows(source, 0, CutSpec.from_settings(settings)):
-            if len(window.start) == 0:
-                continue
-            windows += 1
-            # In process (`streampack digest`): the window's own arrays.
-            pack_window(window.arrays(), binding, config)
-            # In a worker: the arrays as decoded from the producer's message.
-            frames = wire.encode(
-                "window",
-                {
-                    "epoch": window.epoch,
-                    "window": window.index,
-                    "binding": wire.binding_to_wire(binding),
-                    "config": {"capacity": settings.capacity, "max_rows_per_batch": 4},
-                },
-                window.arrays(),
+        try:
+            served = _streampack(
+                "consume", "--connect", consumers, "--rank", "0", "--world-size", "1",
+                "--quiet",
             )
-            message = wire.decode([bytes(frame) for frame in frames])
-            examples, packed = pack_window(message.arrays, binding, config)
-            batches += len(packed)
-            for batch in packed:
-                report = audit(batch, examples=examples)
-                if not report.passed:
-                    raise SystemExit(f"warm-up audit failed: {report.notes}")
-                audited += 1
-    # `streampack trace`: the worked example, through the command itself.
-    with contextlib.redirect_stdout(io.StringIO()):
-        cli_main(["trace"])
+            status = _streampack("health", "--endpoint", consumers, "--timeout", "30")
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            try:
+                _, errors = serve.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+                _, errors = serve.communicate()
+        if serve.returncode != 0:
+            raise SystemExit(f"warm-up: serve exited with {serve.returncode}:\n{errors}")
+        in_process = _streampack(
+            "digest", "--corpus", str(corpus), "--rank", "0", "--world-size", "1", *SETTINGS
+        )
+    stats = status["stats"]
+    if served["digest"] != in_process["digest"] or served["batches"] == 0:
+        raise SystemExit(f"warm-up: served {served} but in process {in_process}")
+    if stats.get("audited", 0) == 0 or stats.get("audit_failures", 0):
+        raise SystemExit(f"warm-up: audits did not all pass: {stats}")
+    subprocess.run(
+        [sys.executable, "-m", "streampack.cli", "trace"],
+        check=True, stdout=subprocess.DEVNULL, timeout=600,
+    )
     print(json.dumps({
         "warmup": "ok",
-        "windows": windows,
-        "batches": batches,
-        "audited": audited,
+        "batches": served["batches"],
+        "audited": stats["audited"],
+        "digest": served["digest"],
         "seconds": round(time.perf_counter() - started, 1),
     }))
     return 0
