@@ -190,7 +190,8 @@ lint() {
 # ---------------------------------------------------------------- 3. base image
 
 debian_mirror() {
-    # The host's configured Debian mirror: deb822 .sources files first, then sources.list.
+    # The host's configured Debian mirror: deb822 .sources files first, then sources.list;
+    # empty when neither names one (debootstrap then uses its own default).
     local mirror=""
     local file
     for file in /etc/apt/sources.list.d/*.sources; do
@@ -205,7 +206,7 @@ debian_mirror() {
     if [[ -z $mirror && -f /etc/apt/sources.list ]]; then
         mirror=$(awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }' /etc/apt/sources.list)
     fi
-    echo "${mirror:-http://deb.debian.org/debian}"
+    echo "$mirror"
 }
 
 ensure_base_image() {
@@ -225,9 +226,10 @@ ensure_base_image() {
     mirror=$(debian_mirror)
     rootfs="$WORK/rootfs"
     started=$(now)
-    log "debootstrap bookworm from $mirror (minbase + python3, python3-venv, ca-certificates)"
+    log "debootstrap bookworm from ${mirror:-the default mirror} (minbase + python3, python3-venv, ca-certificates)"
+    # shellcheck disable=SC2086  # no mirror argument at all when none is configured
     debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-        bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
+        bookworm "$rootfs" $mirror >"$CACHE/debootstrap.log" 2>&1 \
         || fail "debootstrap failed: $(tail -n 3 "$CACHE/debootstrap.log")"
     # pip inside the build must trust the same roots as the host does.
     cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
