@@ -75,18 +75,23 @@ def planner_bytes(example_count: int) -> int:
 
 def metadata_bytes(
     example_count: int, row_count: int, batch_count: int, capacity: int,
-    cell_bytes: int = BYTES_PER_CELL,
+    *, selected_tokens: int | None = None,
 ) -> int:
-    """Every byte a pack call holds at its peak, given its plan (rule C8)."""
-    return (
+    """Every byte a pack call holds at its peak, given its plan (rule C8).
+
+    ``pack_examples`` holds every batch array; ``pack_compact`` holds instead the
+    ``selected_tokens`` of its examples (int32) and their offsets.
+    """
+    common = (
         _CALL_OVERHEAD_BYTES
         + planner_bytes(example_count)
         + _INT64 * (row_count + 1)  # first example of each row
         + OCCURRENCE_DTYPE.itemsize * example_count
-        + row_count * capacity * cell_bytes
-        + row_count * BYTES_PER_ROW * (cell_bytes > 0)
         + batch_count * _BATCH_OBJECT_BYTES
     )
+    if selected_tokens is None:
+        return common + row_count * (capacity * BYTES_PER_CELL + BYTES_PER_ROW)
+    return common + np.dtype(np.int32).itemsize * selected_tokens + _INT64 * (example_count + 1)
 
 
 def _enforce_budget(needed: int, config: PackConfig, what: str) -> None:
@@ -97,14 +102,17 @@ def _enforce_budget(needed: int, config: PackConfig, what: str) -> None:
         )
 
 
-def _validate(examples: Examples, binding: Binding, config: PackConfig) -> np.ndarray:
-    """All-or-nothing checks; returns the prediction length of every example."""
+def _check_types(examples: Examples, binding: Binding, config: PackConfig) -> None:
     if not isinstance(examples, Examples):
         raise InvalidExample(f"examples must be streampack.Examples, got {type(examples).__name__}")
     if not isinstance(binding, Binding):
         raise InvalidConfig(f"binding must be streampack.Binding, got {type(binding).__name__}")
     if not isinstance(config, PackConfig):
         raise InvalidConfig(f"config must be streampack.PackConfig, got {type(config).__name__}")
+
+
+def _validate(examples: Examples, binding: Binding, config: PackConfig) -> np.ndarray:
+    """All-or-nothing checks; returns the prediction length of every example."""
     count = len(examples)
     if count > _MAX_OCCURRENCES:
         raise InvalidExample(
@@ -140,15 +148,10 @@ class _Plan:
 
 
 def _plan(
-    examples: Examples, binding: Binding, config: PackConfig, *, cell_bytes: int
+    examples: Examples, binding: Binding, config: PackConfig, *, compact: bool
 ) -> tuple[_Plan, int]:
-    """Validate, budget and plan one call; returns the plan and its metadata peak.
-
-    ``cell_bytes`` is what the caller will hold per row cell: the full batch arrays
-    for ``pack_examples``, nothing per cell for ``pack_compact``.
-    """
-    if not isinstance(binding, Binding):
-        raise InvalidConfig(f"binding must be streampack.Binding, got {type(binding).__name__}")
+    """Validate, budget and plan one call; returns the plan and its metadata peak."""
+    _check_types(examples, binding, config)
     _enforce_budget(planner_bytes(len(examples)), config, "planning")
     lengths = _validate(examples, binding, config)
     count = len(examples)
@@ -167,9 +170,9 @@ def _plan(
             f"accepted: max_rows_per_batch <= {config.max_cells // config.capacity} "
             "or a larger max_cells"
         )
-    peak = metadata_bytes(count, row_count, batch_count, config.capacity, cell_bytes)
-    if cell_bytes == 0:  # compact batches hold the selected tokens instead of cells
-        peak += np.dtype(np.int32).itemsize * int(lengths.sum() + count) + _INT64 * (count + 1)
+    selected = int(lengths.sum()) + count if compact else None
+    peak = metadata_bytes(count, row_count, batch_count, config.capacity,
+                          selected_tokens=selected)
     _enforce_budget(peak, config, f"packing {count} examples into {row_count} rows")
     row_first = np.searchsorted(row_of, np.arange(row_count + 1, dtype=np.int64))
     return _Plan(lengths, row_of, column_of, row_first, row_count, batch_count), peak
@@ -184,7 +187,7 @@ def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> P
         CapacityError: a batch would hold more than ``max_cells`` cells.
     Nothing large is allocated before the check that covers it has passed.
     """
-    plan, peak = _plan(examples, binding, config, cell_bytes=BYTES_PER_CELL)
+    plan, peak = _plan(examples, binding, config, compact=False)
     shape = (plan.row_count, config.capacity)
     arrays = {name: np.empty(shape, dtype) for name, dtype in CELL_DTYPES.items()}
     valid_lengths = np.empty(plan.row_count, np.int32)
@@ -222,7 +225,7 @@ def pack_compact(examples: Examples, binding: Binding, config: PackConfig) -> li
     returns at the same index. A compact batch is about 4 bytes per cell instead of 23,
     which is what the service sends over the network.
     """
-    plan, _ = _plan(examples, binding, config, cell_bytes=0)
+    plan, _ = _plan(examples, binding, config, compact=True)
     occurrences = _occurrence_records(examples, plan, config.max_rows_per_batch)
     token_offsets = np.zeros(len(examples) + 1, np.int64)
     np.cumsum(plan.lengths + 1, out=token_offsets[1:])

@@ -319,3 +319,16 @@ def test_compact_filler_expands_to_an_all_padding_batch():
     expanded = filler.expand()
     assert expanded.filler and expanded.digest() == sp.PackedBatch.filler_like(
         BINDING, 2, 6).digest()
+
+
+def test_compact_packing_keeps_the_budget_but_needs_far_less_of_it_c8():
+    examples = sp.Examples.from_documents([[1, 2, 3]] * 100)
+    config = sp.PackConfig(capacity=64, max_rows_per_batch=2)
+    full = sp.pack_examples(examples, BINDING, config).metadata_peak
+    tight = sp.PackConfig(capacity=64, max_rows_per_batch=2, max_metadata_bytes=full - 1)
+    with pytest.raises(sp.MetadataBudgetError):
+        sp.pack_examples(examples, BINDING, tight)
+    assert len(sp.pack_compact(examples, BINDING, tight)) == 2  # 4 bytes a token, not 23 a cell
+    with pytest.raises(sp.MetadataBudgetError, match="max_metadata_bytes=1000"):
+        sp.pack_compact(examples, BINDING, sp.PackConfig(
+            capacity=64, max_rows_per_batch=2, max_metadata_bytes=1000))
