@@ -19,11 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
 import json
-import sys
 
-# One OS thread per simulated CUDA thread: switch often, or every syncthreads() waits
-# out the default 5 ms interval.
-sys.setswitchinterval(1e-4)
+from _cudasim import prepare_simulator
+
+prepare_simulator()
 
 import numpy as np
 import streampack as sp

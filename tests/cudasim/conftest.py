@@ -7,10 +7,12 @@ the variable set; an ordinary test run skips collecting it.
 
 import os
 import sys
+from pathlib import Path
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
     collect_ignore_glob = ["test_*.py"]
 else:
-    # One OS thread per simulated CUDA thread: switch between them often, or every
-    # syncthreads() waits out the default 5 ms interval.
-    sys.setswitchinterval(1e-4)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from _cudasim import prepare_simulator
+
+    prepare_simulator()
