@@ -303,32 +303,33 @@ class CompactBatch:
             if not (self.filler and occ.size == 0 and tokens.size == 0):
                 fail("a batch is a filler exactly when it has no occurrences and no tokens")
             return self
-        row = occ["row"].astype(np.int64)
-        start, stop = occ["start"].astype(np.int64), occ["stop"].astype(np.int64)
-        new_row = np.ones(occ.size, bool)
-        new_row[1:] = row[1:] != row[:-1]
-        previous_stop = np.zeros(occ.size, np.int64)
-        previous_stop[1:] = stop[:-1]
-        expected_start = np.where(new_row, 0, previous_stop)
-        checks = (
-            (row[0] == 0 and (np.diff(row) >= 0).all() and (np.diff(row) <= 1).all()
-             and row[-1] == self.rows - 1, "rows must run 0, 1, ... rows-1 with no gap"),
-            ((start == expected_start).all(), "each occurrence must start where the last ended"),
-            (((stop > start) & (stop <= self.capacity)).all(), "occurrence columns out of range"),
-            ((occ["ordinal"] == occ["ordinal"][0] + np.arange(occ.size)).all()
-             and occ["ordinal"][0] >= 0 and occ["ordinal"][-1] < 2**31,
-             "ordinals must be consecutive and fit int32"),
-            ((occ["segment"] == occ["ordinal"]).all(), "segment must equal the ordinal"),
-            ((occ["range_stop"] - occ["range_start"] == stop - start + 1).all(),
-             "range length must be pairs + 1"),
-            (tokens.size == int((stop - start + 1).sum()), "token count must match the ranges"),
-            (tokens.size == 0 or (int(tokens.min()) >= 0
-                                  and int(tokens.max()) < self.binding.vocab_size),
-             f"tokens outside the vocabulary 0..{self.binding.vocab_size - 1}"),
+        from .kernels import pack_cpu as k
+
+        code, at = k.check_compact(
+            occ["row"], occ["start"], occ["stop"], occ["ordinal"], occ["segment"],
+            occ["range_start"], occ["range_stop"], tokens, self.rows, self.capacity,
+            self.binding.vocab_size,
         )
-        for ok, what in checks:
-            if not ok:
-                fail(what)
+        if code == k.COMPACT_OK:
+            return self
+        if code == k.COMPACT_TOKEN_COUNT:
+            fail(f"token count must match the ranges: {tokens.size} tokens, the ranges "
+                 f"select {at}")
+        if code == k.COMPACT_VOCABULARY:
+            fail(f"tokens outside the vocabulary: tokens[{at}] = {tokens[at]}, accepted "
+                 f"0..{self.binding.vocab_size - 1}")
+        rule = {
+            k.COMPACT_ROWS: f"rows must run 0, 1, ... {self.rows - 1} with no gap",
+            k.COMPACT_START: "each occurrence must start where the last ended (0 on a new row)",
+            k.COMPACT_COLUMNS: f"occurrence columns out of range: need start < stop <= "
+                               f"{self.capacity}",
+            k.COMPACT_ORDINAL: "ordinals must be consecutive and fit int32",
+            k.COMPACT_SEGMENT: "segment must equal the ordinal",
+            k.COMPACT_RANGE: "range length must be pairs + 1",
+        }[code]
+        record = {name: int(occ[name][at]) for name in
+                  ("row", "start", "stop", "ordinal", "segment", "range_start", "range_stop")}
+        fail(f"{rule}; occurrence {at} has {record}")
         return self
 
     def expand(self) -> PackedBatch:

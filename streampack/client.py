@@ -41,6 +41,7 @@ import zmq
 
 from streampack import wire
 from streampack.errors import ProtocolError, StreampackError
+from streampack.packing import warm_up_kernels
 
 #: Seconds without any answer after which outstanding fetches are sent again.
 RESEND_AFTER = 5.0
@@ -84,21 +85,6 @@ class StreamDigest:
             "digest": self.hexdigest(),
             "state": state,
         }
-
-
-def _load_expand_kernel() -> None:
-    """Compile (or load from the Numba cache) the kernel that expands received batches.
-
-    Loading costs a second or two once per process; paying it here keeps it out of the
-    first ``next_batch`` and out of any throughput a trainer measures.
-    """
-    from streampack import Binding, Examples, PackConfig, pack_compact
-
-    binding = Binding(vocab_size=4, tokenizer="warm-up", split_receipt="warm-up",
-                      partition="train")
-    (batch,) = pack_compact(Examples.from_documents([[1, 2, 3]]), binding,
-                            PackConfig(capacity=2, max_rows_per_batch=1))
-    batch.expand()
 
 
 class BatchStream:
@@ -160,7 +146,8 @@ class BatchStream:
         self.last_epoch_end: dict[str, int] | None = None
         self.rejected = 0  # malformed messages received and dropped
         self.resent = 0  # times outstanding fetches were sent again after silence
-        _load_expand_kernel()
+        # Load the check and expand kernels now, not inside the first next_batch.
+        warm_up_kernels()
         self.current: tuple[int, int] | None = None  # (epoch, index) of the last batch
 
     # -- state ----------------------------------------------------------------------

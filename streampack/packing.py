@@ -248,6 +248,21 @@ def pack_compact(examples: Examples, binding: Binding, config: PackConfig) -> li
     return batches
 
 
+def warm_up_kernels() -> tuple[Examples, CompactBatch]:
+    """Compile, or load from the Numba cache, every kernel between a window and a
+    ``PackedBatch``: plan, gather, check and fill; returns the tiny window and batch used.
+
+    Loading costs about a second per process. The service's processes pay it before they
+    announce themselves ready, so it never lands inside a stream (or a measured rate).
+    """
+    binding = Binding(vocab_size=8, tokenizer="warm-up", split_receipt="warm-up",
+                      partition="train")
+    examples = Examples.from_documents([[1, 2, 3], [4, 5]])
+    (batch,) = pack_compact(examples, binding, PackConfig(capacity=4, max_rows_per_batch=1))
+    batch.checked(max_cells=4).expand()
+    return examples, batch
+
+
 def _occurrence_records(examples: Examples, plan: _Plan, rows_per_batch: int) -> np.ndarray:
     """One record per occurrence; ``row`` is local to the occurrence's batch."""
     records = np.empty(len(examples), OCCURRENCE_DTYPE)

@@ -239,14 +239,26 @@ class TokenShardSource:
     def _locate(self, ids: np.ndarray) -> np.ndarray:
         return np.searchsorted(self._first, ids, side="right") - 1
 
+    def _shards_of(self, shard: np.ndarray) -> np.ndarray:
+        """The distinct shards in ``shard`` (usually one: no sort needed then)."""
+        if len(shard) and shard.min() == shard.max():
+            return shard[:1]
+        return np.unique(shard)
+
     def lengths(self, ids: np.ndarray) -> np.ndarray:
         """Token counts of documents ``ids`` (corpus positions)."""
         out = np.empty(len(ids), dtype=np.int64)
         shard = self._locate(ids)
-        for s in np.unique(shard):
+        for s in self._shards_of(shard):
+            offsets = self._offsets[s]
+            if len(ids) > 1 and shard[0] == shard[-1] and ids[-1] - ids[0] == len(ids) - 1 \
+                    and (np.diff(ids) == 1).all():
+                # A run of consecutive documents (no shuffle): one slice of the offsets.
+                lo = int(ids[0] - self._first[s])
+                out[:] = np.diff(np.asarray(offsets[lo : lo + len(ids) + 1]))
+                return out
             sel = shard == s
             local = ids[sel] - self._first[s]
-            offsets = self._offsets[s]
             out[sel] = np.asarray(offsets[local + 1]) - np.asarray(offsets[local])
         return out
 
@@ -265,7 +277,7 @@ class TokenShardSource:
         """
         total = int(lengths.sum())
         shard = self._locate(ids)
-        involved = np.unique(shard)
+        involved = self._shards_of(shard)
         wide = any(self._tokens[s].dtype.kind == "u" and self._tokens[s].dtype.itemsize == 4
                    for s in involved)
         tokens = np.empty(total, dtype=np.int64 if wide else np.int32)
@@ -417,6 +429,26 @@ def _cut(lengths: np.ndarray, spec: CutSpec) -> int:
     return max(1, int(np.searchsorted(cumulative, spec.window_tokens, side="right")))
 
 
+def _window_lengths(
+    source: TokenShardSource, order: np.ndarray | None, position: int, end: int,
+    window_tokens: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ids and lengths of documents ``position..end`` of the epoch's order, read in
+    doubling chunks only until ``window_tokens`` is passed: enough for ``_cut``, which
+    looks no further, and O(window) rather than O(window_documents) per window."""
+    chunk, total, hi = 256, 0, position
+    id_parts, length_parts = [], []
+    while hi < end and total <= window_tokens:
+        lo, hi = hi, min(end, hi + chunk)
+        ids = order[lo:hi] if order is not None else np.arange(lo, hi, dtype=np.int64)
+        lengths = source.lengths(ids)
+        id_parts.append(ids)
+        length_parts.append(lengths)
+        total += int(lengths.sum())
+        chunk *= 2
+    return np.concatenate(id_parts), np.concatenate(length_parts)
+
+
 def iter_windows(
     source: TokenShardSource | JsonlSource, epoch: int, spec: CutSpec, *, start_window: int = 0
 ) -> Iterator[Window]:
@@ -437,8 +469,7 @@ def _shard_windows(
     index = 0
     while position < n:
         end = min(n, position + spec.window_documents)
-        ids = order[position:end] if order is not None else np.arange(position, end, dtype=np.int64)
-        lengths = source.lengths(ids)
+        ids, lengths = _window_lengths(source, order, position, end, spec.window_tokens)
         k = _cut(lengths, spec)
         ids, lengths = ids[:k], lengths[:k]
         position += k

@@ -63,6 +63,7 @@ import zmq
 
 from streampack import CompactBatch, InvalidArray, wire
 from streampack.errors import InvalidConfig, ProtocolError
+from streampack.packing import warm_up_kernels
 from streampack.settings import ProducerSettings, add_flags, from_args, read_curve_secret
 from streampack.sources import CutSpec, Window, iter_windows, open_corpus
 
@@ -677,6 +678,8 @@ class Producer:
         """Serve until ``stop()``. ``local_worker_endpoint`` (e.g. an ``ipc://`` path) is
         bound for workers in addition to the configured one: ``serve`` connects its own
         workers there, off the TCP stack."""
+        # Load the kernel that checks workers' batches before the first one arrives.
+        warm_up_kernels()
         context = zmq.Context()
         workers = context.socket(zmq.ROUTER)
         consumers = context.socket(zmq.ROUTER)

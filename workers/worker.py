@@ -37,6 +37,7 @@ import numpy as np
 import zmq
 
 from streampack import Examples, PackConfig, StreampackError, pack_compact, wire
+from streampack.packing import warm_up_kernels
 from streampack.settings import WorkerSettings, add_flags, from_args
 
 
@@ -66,12 +67,7 @@ def _warm_up(audit: Any = None) -> str:
     Returns "" or, when the audit itself cannot run, why (the worker then packs
     without auditing and reports every skipped audit as a failure).
     """
-    from streampack import Binding
-
-    binding = Binding(vocab_size=8, tokenizer="warm-up", split_receipt="warm-up", partition="train")
-    examples = Examples.from_documents([[1, 2, 3], [4, 5]])
-    (batch,) = pack_compact(examples, binding, PackConfig(capacity=4, max_rows_per_batch=1))
-    batch.expand()
+    examples, batch = warm_up_kernels()
     if audit is not None:
         try:
             audit(batch.expand(), examples=examples)

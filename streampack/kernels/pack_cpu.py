@@ -80,3 +80,48 @@ def gather_ranges(tokens, offsets, doc, start, stop, out_offsets, out):  # pragm
         target = out_offsets[i]
         for j in range(stop[i] - start[i]):
             out[target + j] = tokens[base + j]
+
+
+#: Codes of :func:`check_compact`, in the order it tests them.
+COMPACT_OK, COMPACT_ROWS, COMPACT_START, COMPACT_COLUMNS, COMPACT_ORDINAL = 0, 1, 2, 3, 4
+COMPACT_SEGMENT, COMPACT_RANGE, COMPACT_TOKEN_COUNT, COMPACT_VOCABULARY = 5, 6, 7, 8
+
+
+@njit(cache=True)
+def check_compact(
+    row, start, stop, ordinal, segment, range_start, range_stop, tokens, rows, capacity,
+    vocab_size,
+):  # pragma: no cover - compiled
+    """One pass over a compact batch from elsewhere: ``(COMPACT_OK, 0)`` or the first
+    broken rule as ``(code, index)`` — the occurrence (or token) that breaks it.
+
+    What it proves is what the fill relies on: rows run ``0 .. rows-1`` without a gap,
+    each occurrence starts where the one before it in its row ended and stays inside
+    the row, and the tokens are exactly the ranges' tokens, inside the vocabulary.
+    """
+    n = row.shape[0]
+    total = 0
+    for i in range(n):
+        expected_row = 0 if i == 0 else row[i - 1]
+        if not (row[i] == expected_row or (i > 0 and row[i] == expected_row + 1)):
+            return COMPACT_ROWS, i
+        if i == n - 1 and row[i] != rows - 1:
+            return COMPACT_ROWS, i
+        expected_start = 0 if i == 0 or row[i] != row[i - 1] else stop[i - 1]
+        if start[i] != expected_start:
+            return COMPACT_START, i
+        if not start[i] < stop[i] <= capacity:
+            return COMPACT_COLUMNS, i
+        if ordinal[i] != ordinal[0] + i or ordinal[i] < 0 or ordinal[i] >= 2**31:
+            return COMPACT_ORDINAL, i
+        if segment[i] != ordinal[i]:
+            return COMPACT_SEGMENT, i
+        if range_stop[i] - range_start[i] != stop[i] - start[i] + 1:
+            return COMPACT_RANGE, i
+        total += stop[i] - start[i] + 1
+    if total != tokens.shape[0]:
+        return COMPACT_TOKEN_COUNT, total
+    for j in range(tokens.shape[0]):
+        if not 0 <= tokens[j] < vocab_size:
+            return COMPACT_VOCABULARY, j
+    return COMPACT_OK, 0
