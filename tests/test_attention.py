@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streampack import Examples, InvalidArray, InvalidConfig, PackConfig, pack_examples
+from streampack.kernels import attention_cpu as cpu_kernels
 from streampack.kernels.attention import range_attention, range_attention_backward
 from streampack.reference.attention import attention_backward, attention_forward, range_mask
 
@@ -403,3 +404,75 @@ def test_key_query_end_is_one_past_the_last_query_that_sees_each_key(data):
     for key in range(capacity):
         seen_by = np.flatnonzero(mask[:, key])
         assert got[0, key] == (seen_by.max() + 1 if seen_by.size else key), key
+
+
+@numba.njit
+def _micro_product(kind, rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):
+    if kind == 0:
+        cpu_kernels._score_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
+    elif kind == 1:
+        cpu_kernels._value_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
+    elif kind == 2:
+        cpu_kernels._half_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
+    else:
+        cpu_kernels._single_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", [0, 1, 2, 3])
+@pytest.mark.parametrize("transposed_a", [False, True])
+def test_micro_tiles_match_np_dot_on_every_row_count(dtype, kind, transposed_a):
+    """The register-blocked micro-kernels against ``np.dot``: every row count (1-6), the
+    three column widths, A read by rows (scores: keys) or by columns (values: the
+    probabilities), offsets into larger arrays, ``kdim`` 0, 1 and odd; ``kind`` 0
+    overwrites C, the others add to it; cells outside the tile stay untouched."""
+    rng = np.random.default_rng(kind)
+    width = {0: 2, 1: 2, 2: 1, 3: 0}[kind] * (32 // np.dtype(dtype).itemsize)
+    cols = max(width, 1)
+    for rows in range(1, cpu_kernels.MICRO_ROWS + 1):
+        for kdim in (0, 1, 7, 64):
+            a_full = rng.standard_normal((rows + 3, kdim + 5)).astype(dtype)
+            a_block = a_full[2 : 2 + rows, 3 : 3 + kdim]
+            if transposed_a:  # stored as [kdim, rows]: element (i, kk) at kk * ld + i
+                stored = np.ascontiguousarray(a_full.T)
+                a_arr, sa_i, sa_k = stored, 1, stored.shape[1]
+                a_off = 3 * stored.shape[1] + 2
+            else:
+                a_arr, sa_i, sa_k = a_full, a_full.shape[1], 1
+                a_off = 2 * a_full.shape[1] + 3
+            b_full = rng.standard_normal((kdim + 4, cols + 9)).astype(dtype)
+            b_block = b_full[1 : 1 + kdim, 5 : 5 + cols]
+            c_full = rng.standard_normal((rows + 2, cols + 6)).astype(dtype)
+            before = c_full.copy()
+            _micro_product(
+                kind, rows, c_full, 1 * c_full.shape[1] + 4, c_full.shape[1],
+                a_arr, a_off, sa_i, sa_k, b_full, 1 * b_full.shape[1] + 5, b_full.shape[1], kdim,
+            )  # fmt: skip
+            want = np.dot(a_block, b_block)
+            if kind != 0:
+                want = want + before[1 : 1 + rows, 4 : 4 + cols]
+            tol = 1e-4 if dtype == np.float32 else 1e-12
+            np.testing.assert_allclose(c_full[1 : 1 + rows, 4 : 4 + cols], want, rtol=tol, atol=tol)
+            outside = np.ones(c_full.shape, bool)
+            outside[1 : 1 + rows, 4 : 4 + cols] = False
+            assert np.array_equal(c_full[outside], before[outside])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dim", [1, 5, 8, 13, 16, 24, 64, 67])
+@pytest.mark.parametrize("tiles", [None, (64, 16), (16, 128), (5, 7)])
+def test_cpu_forward_matches_reference_on_every_column_path(dtype, dim, tiles):
+    """Head dims that take each column path of the value micro-tiles (two vectors, one,
+    single columns) and tiles whose key chunks are smaller, larger and unaligned with
+    the query blocks, on rows with long segments."""
+    lengths = [[70, 1, 33, 96], [200]]
+    capacity = 200
+    starts, valid, permission = packed(capacity, lengths)
+    q, k, v, _ = random_inputs(len(lengths), 2, capacity, dim, dtype, seed=dim)
+    out, lse = range_attention(q, k, v, starts, valid, _tiles=tiles)
+    ref_out, ref_lse = attention_forward(q, k, v, permission)
+    tol = 2e-5 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(out, ref_out, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(ref_lse))
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[finite], ref_lse[finite], rtol=tol, atol=tol)

@@ -20,8 +20,9 @@ here, before any kernel runs, so a kernel never reads outside its arrays:
   (copied there first if they live on the device); the ``lse`` finiteness check of the
   backward runs only for host arrays.
 
-The CPU kernels do their block products with ``np.dot`` inside Numba, which calls the
-BLAS that SciPy ships; SciPy is therefore a dependency of this module.
+The CPU forward does its block products with its own register-blocked micro-kernels
+(generated LLVM IR); the CPU backward uses ``np.dot`` inside Numba, which calls the BLAS
+that SciPy ships; SciPy is therefore a dependency of this module.
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ def range_attention(
     if n:
         import numba
 
-        tile_q, tile_k = _tiles or (cpu.TILE_Q, cpu.key_tile(dim))
+        tile_q, tile_k = _tiles or (cpu.TILE_Q, cpu.FORWARD_TILE_K)
         plan = cpu.plan_forward(starts, valid, heads, tile_q, numba.get_num_threads())
         # scale in the array dtype: a float64 scale would drag float32 arithmetic
         # (and the exp) to float64
