@@ -334,21 +334,16 @@ class CompactBatch:
 
     def expand(self) -> PackedBatch:
         """The full ``PackedBatch``: every cell written once by the compiled fill."""
-        from .kernels.pack_cpu import fill_rows
+        from .kernels.pack_cpu import fill_compact
 
         if self.filler:
             return PackedBatch.filler_like(self.binding, self.rows, self.capacity)
         occ = self.occurrences
-        pairs = (occ["stop"] - occ["start"]).astype(np.int64)
-        offsets = np.zeros(occ.size + 1, np.int64)
-        np.cumsum(pairs + 1, out=offsets[1:])
-        row_first = np.searchsorted(occ["row"], np.arange(self.rows + 1), side="left")
         shape = (self.rows, self.capacity)
         arrays = {name: np.empty(shape, dtype) for name, dtype in CELL_DTYPES.items()}
         valid_lengths = np.empty(self.rows, np.int32)
-        fill_rows(self.tokens, offsets, np.arange(occ.size, dtype=np.int64),
-                  np.zeros(occ.size, np.int64), pairs + 1, row_first.astype(np.int64),
-                  int(occ["ordinal"][0]), *arrays.values(), valid_lengths)
+        fill_compact(self.tokens, occ["row"], occ["start"], occ["stop"], occ["segment"],
+                     *arrays.values(), valid_lengths)
         return PackedBatch(**arrays, valid_lengths=valid_lengths, occurrences=occ,
                            binding=self.binding)
 

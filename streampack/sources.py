@@ -50,6 +50,7 @@ JSON Lines are read line by line. A shuffled shard epoch holds its permutation
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +110,17 @@ class Window:
     example_id: np.ndarray  # int64
     quarantined: list[dict[str, Any]]
 
+    @functools.cached_property
+    def whole_documents(self) -> bool:
+        """int32 tokens, and every document selected whole: its tokens are exactly
+        ``tokens[offsets[i]:offsets[i + 1]]`` (token shards always; JSON Lines unless
+        a line gives a narrower ``start``/``stop``)."""
+        return bool(
+            self.tokens.dtype == np.int32
+            and (self.start == 0).all()
+            and (self.stop == np.diff(self.offsets)).all()
+        )
+
     @property
     def nbytes(self) -> int:
         return int(
@@ -116,6 +128,22 @@ class Window:
             + self.offsets.nbytes
             + self.start.nbytes * 5  # start, stop, source_id, example_id, doc
         )
+
+    def selected_tokens(self, first: int, last: int) -> np.ndarray:
+        """int32: the tokens documents ``first..last-1`` select, concatenated — the
+        ``tokens`` of a compact batch holding exactly those documents. A view of the
+        window's tokens when each document is selected whole (no copy), else a gather."""
+        from streampack.kernels.pack_cpu import gather_ranges
+
+        if self.whole_documents:
+            return self.tokens[self.offsets[first] : self.offsets[last]]
+        start, stop = self.start[first:last], self.stop[first:last]
+        out_offsets = np.zeros(last - first + 1, np.int64)
+        np.cumsum(stop - start, out=out_offsets[1:])
+        out = np.empty(int(out_offsets[-1]), np.int32)
+        gather_ranges(self.tokens, self.offsets, np.arange(first, last, dtype=np.int64),
+                      start, stop, out_offsets, out)
+        return out
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The window frames of the wire protocol, in order."""
@@ -289,6 +317,10 @@ class TokenShardSource:
             s = int(involved[0])
             local = int(ids[0] - self._first[s])
             lo = int(self._offsets[s][local])
+            if self._tokens[s].dtype == np.int32:
+                # Already what a window holds: a read-only view of the map, no copy (it is
+                # sent to workers straight from the page cache).
+                return np.asarray(self._tokens[s][lo : lo + total]), dtype_ok
             if self._dtype_ok[s]:
                 tokens[:] = self._tokens[s][lo : lo + total]
             else:

@@ -1,9 +1,9 @@
-"""The wire protocol between producer, pack workers and consumers (version 2).
+"""The wire protocol between producer, pack workers and consumers (version 3).
 
 Every message is a ZeroMQ multipart message::
 
     frame 0      header: one msgpack map, keys in this order
-                   "v"  protocol version (int, 2)
+                   "v"  protocol version (int, 3)
                    "k"  kind (str, one of KINDS)
                    ...  the kind's fields, in the order KINDS lists them
                    "f"  one [name, dtype, shape] triple per following frame
@@ -14,7 +14,7 @@ For example ``encode_header("ready", {"credit": 2})`` is these 23 bytes (the tes
 pin them)::
 
     84                    map of 4
-    a1 76 02              "v": 2
+    a1 76 03              "v": 3
     a1 6b a5 72 65 61 64 79      "k": "ready"
     a6 63 72 65 64 69 74 02      "credit": 2
     a1 66 90              "f": []
@@ -27,8 +27,9 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
     window     P->W  epoch window binding config frames: tokens offsets doc start stop
                                                  source_id example_id
     packed     W->P  epoch window batch batches rows capacity
-                                                 frames: tokens occurrences (a compact
-                                                 batch: selected tokens, occurrence records)
+                                                 frames: occurrences (the batch's plan; the
+                                                 producer takes the tokens from its own
+                                                 copy of the window)
     done       W->P  epoch window batches seconds audited audit_failures audit_error
     failed     W->P  epoch window error          packing raised; the window is quarantined
     fetch      C->P  rank world_size epoch index ask for global batch `index` of `epoch`
@@ -60,7 +61,7 @@ import numpy as np
 
 from streampack.errors import ProtocolError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 _INT = "int"
 _STR = "str"
@@ -70,8 +71,11 @@ _FLOAT = "float"
 
 # A batch travels compact (``streampack.CompactBatch``): its occurrence records and the
 # selected tokens, about 4 bytes per cell; the receiver expands it into the 23 bytes per
-# cell of a ``PackedBatch``.
+# cell of a ``PackedBatch``. From a worker only the plan travels: the producer cut the
+# window, so it already holds every token the plan selects (version 3; version 2 sent
+# the tokens back as well, a third of all the bytes the producer moved).
 BATCH_FRAMES = ("tokens", "occurrences")
+PLAN_FRAMES = ("occurrences",)
 WINDOW_FRAMES = ("tokens", "offsets", "doc", "start", "stop", "source_id", "example_id")
 
 # kind -> (fields in order with their types, frame names in order)
@@ -91,7 +95,7 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("rows", _INT),
             ("capacity", _INT),
         ),
-        BATCH_FRAMES,
+        PLAN_FRAMES,
     ),
     "done": (
         (
@@ -194,18 +198,19 @@ class Message:
     kind: str
     fields: dict[str, Any]
     arrays: dict[str, np.ndarray]
-    frames: list[Any]  # the raw data frames, reusable for zero-copy forwarding
+
+
+_FIELD_TYPES: dict[str, Any] = {
+    _INT: lambda value: isinstance(value, int) and not isinstance(value, bool),
+    _STR: lambda value: isinstance(value, str),
+    _BOOL: lambda value: isinstance(value, bool),
+    _MAP: lambda value: isinstance(value, dict),
+    _FLOAT: lambda value: isinstance(value, (int, float)) and not isinstance(value, bool),
+}
 
 
 def _check_field(kind: str, name: str, kind_of: str, value: Any) -> None:
-    ok = {
-        _INT: isinstance(value, int) and not isinstance(value, bool),
-        _STR: isinstance(value, str),
-        _BOOL: isinstance(value, bool),
-        _MAP: isinstance(value, dict),
-        _FLOAT: isinstance(value, (int, float)) and not isinstance(value, bool),
-    }[kind_of]
-    if not ok:
+    if not _FIELD_TYPES[kind_of](value):
         raise ProtocolError(
             f"{kind!r} message field {name!r} = {value!r} has type "
             f"{type(value).__name__}; expected {kind_of}"
@@ -265,16 +270,6 @@ def encode(
         specs.append((name, FRAME_DTYPES[name], array.shape))
         frames.append(memoryview(array).cast("B") if array.size else b"")
     return [encode_header(kind, fields, specs), *frames]
-
-
-def encode_forward(
-    kind: str, fields: Mapping[str, Any], message: Message
-) -> list[Any]:
-    """Re-head the data frames of a received ``message`` without touching their bytes."""
-    specs = [
-        (name, FRAME_DTYPES[name], array.shape) for name, array in message.arrays.items()
-    ]
-    return [encode_header(kind, fields, specs), *message.frames]
 
 
 def _buffer(frame: Any) -> memoryview:
@@ -370,9 +365,9 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
                 f"of {code} = {expected} bytes"
             )
         array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
-        array.flags.writeable = False  # frames may be forwarded or shared: never edit them
+        array.flags.writeable = False  # the frame's memory, maybe shared: never edit it
         arrays[name] = array
-    return Message(kind=kind, fields=fields, arrays=arrays, frames=list(frames[1:]))
+    return Message(kind=kind, fields=fields, arrays=arrays)
 
 
 # --- batches ------------------------------------------------------------------------

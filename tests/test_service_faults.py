@@ -136,6 +136,74 @@ def test_malformed_messages_to_producer_sockets_are_rejected_and_counted():
     assert out["batches"] > 0 and out["fillers"] == 0
 
 
+def test_a_worker_plan_that_is_not_its_window_is_refused_and_the_window_reissued():
+    """A worker sends plans; the producer adds the tokens from its own copy of the window.
+    A plan whose documents are not the window's is refused with an error reply and
+    counted; when that worker goes silent its window goes to another, and the consumer
+    receives exactly the stream of an undisturbed run."""
+    from workers.worker import pack_config_from_wire, window_examples
+
+    from streampack import pack_compact
+
+    with Service(FIXTURE, heartbeat_timeout=2.0) as service:
+        consumer = consume(service.consumer_endpoint, 0, 1)
+        context = zmq.Context()
+        rogue = context.socket(zmq.DEALER)
+        rogue.connect(service.worker_endpoint)
+        try:
+            rogue.send_multipart(wire.encode("ready", {"credit": 1}))
+            assert rogue.poll(60_000)
+            window = wire.decode(rogue.recv_multipart())
+            assert window.kind == "window"
+            binding = wire.binding_from_wire(window.fields["binding"])
+            batches = pack_compact(window_examples(window.arrays), binding,
+                                   pack_config_from_wire(window.fields["config"]))
+            shifted = batches[0].occurrences.copy()
+            shifted["ordinal"] += 1
+            widened = batches[0].occurrences.copy()
+            widened["range_stop"][0] += 1
+            for occurrences, complaint in ((shifted, "not those of documents"),
+                                           (widened, "not those of documents")):
+                fields = {"epoch": window.fields["epoch"], "window": window.fields["window"],
+                          "batch": 0, "batches": len(batches)} | wire.batch_shape(batches[0])
+                rogue.send_multipart(
+                    wire.encode("packed", fields, {"occurrences": occurrences}))
+                assert rogue.poll(60_000)
+                reply = wire.decode(rogue.recv_multipart())
+                assert reply.kind == "error" and complaint in reply.fields["message"]
+        finally:
+            rogue.close(linger=0)  # silent from now on: the window is reissued
+            context.term()
+        service.add_worker()
+        out = result(consumer)
+        counters = service.stats()
+    assert counters["rejected_worker"] == 2 and counters["windows_reissued"] >= 1
+    assert out["digest"] == expected(FIXTURE, 0, 1)["digest"]
+
+
+def test_a_window_is_assembled_only_when_its_plans_hold_each_document_once():
+    """Batches that each pass on their own (batch 0's plan sent again as batch 1) still
+    do not make the window: the cover check catches a lost or repeated document."""
+    from workers.producer import Producer, _InFlight
+    from workers.worker import window_examples
+
+    from streampack import Binding, PackConfig, pack_compact
+
+    window = next(iter_windows(open_corpus(FIXTURE), 0, CutSpec(
+        capacity=64, window_documents=40, window_tokens=3000)))
+    batches = pack_compact(window_examples(window.arrays()), Binding(**BINDING | {
+        "vocab_size": 4096}), PackConfig(capacity=64, max_rows_per_batch=2))
+    assert len(batches) >= 2
+    whole = _InFlight(window=window, frames=[], batches=dict(enumerate(batches)),
+                      expected=len(batches))
+    assert Producer._covers(whole)
+    repeated = dict(enumerate(batches)) | {1: batches[0]}
+    assert not Producer._covers(_InFlight(window=window, frames=[], batches=repeated,
+                                          expected=len(batches)))
+    assert not Producer._covers(_InFlight(window=window, frames=[], batches=dict(
+        enumerate(batches[:-1])), expected=len(batches) - 1))
+
+
 def test_a_worker_rejects_malformed_windows_and_keeps_packing():
     """Property 6 for the worker's socket: this test plays the producer."""
     context = zmq.Context()

@@ -38,7 +38,7 @@ def worked_compact() -> CompactBatch:
 def test_ready_header_bytes_are_pinned():
     header = wire.encode_header("ready", {"credit": 2})
     assert header == bytes.fromhex(
-        "84" "a176" "02" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02" "a166" "90"
+        "84" "a176" "03" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02" "a166" "90"
     )
     assert len(header) == 23
 
@@ -46,7 +46,7 @@ def test_ready_header_bytes_are_pinned():
 def test_fetch_header_bytes_are_pinned():
     header = wire.encode_header("fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3})
     expected = (
-        b"\x87\xa1v\x02\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\x87\xa1v\x03\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
         b"\xa5epoch\x00\xa5index\x03\xa1f\x90"
     )
     assert header == expected
@@ -108,16 +108,26 @@ def test_a_batch_costs_about_four_bytes_per_cell_on_the_wire():
     assert worked_batch().stats()["cells"] * 23 == 276
 
 
-def test_forwarding_reheads_frames_without_copying():
-    compact = worked_compact()
+def test_a_worker_sends_the_plan_and_the_producer_adds_the_window_tokens():
+    """``packed`` carries occurrence records only; the tokens come from the window."""
+    from streampack.sources import Window
+
+    examples = Examples.from_documents(WORKED)
+    (compact,) = pack_compact(examples, BINDING, WORKED_CONFIG)
     packed = wire.decode(wire.encode(
         "packed", {"epoch": 1, "window": 2, "batch": 0, "batches": 1} | wire.batch_shape(compact),
-        wire.batch_arrays(compact)))
-    fields = batch_fields(compact, epoch=1, index=9, window=2)
-    forwarded = wire.encode_forward("batch", fields, packed)
-    assert forwarded[1:] == packed.frames
-    expanded = wire.batch_from_message(wire.decode(forwarded)).expand()
-    assert expanded.digest() == worked_batch().digest()
+        {"occurrences": compact.occurrences}))
+    assert list(packed.arrays) == ["occurrences"]
+    window = Window(epoch=1, index=2, documents=3, tokens=examples.tokens,
+                    offsets=examples.offsets, start=examples.start, stop=examples.stop,
+                    source_id=examples.source_id, example_id=examples.example_id,
+                    quarantined=[])
+    tokens = window.selected_tokens(0, 3)
+    np.testing.assert_array_equal(tokens, compact.tokens)
+    rebuilt = CompactBatch(tokens=tokens, occurrences=packed.arrays["occurrences"],
+                           rows=compact.rows, capacity=compact.capacity, binding=BINDING)
+    assert rebuilt.checked(max_cells=12).expand().digest() == worked_batch().digest()
+    np.testing.assert_array_equal(window.selected_tokens(1, 3), WORKED[1] + WORKED[2])
 
 
 @pytest.mark.parametrize(
@@ -137,7 +147,7 @@ def test_an_inconsistent_batch_message_is_rejected(overrides, match):
 
 
 def _header(**overrides):
-    header = {"v": 2, "k": "ready", "credit": 1, "f": []}
+    header = {"v": wire.PROTOCOL_VERSION, "k": "ready", "credit": 1, "f": []}
     header.update(overrides)
     return msgpack.packb(header)
 
@@ -148,17 +158,17 @@ def _header(**overrides):
         ([], "empty message"),
         ([b"\xc1"], "not valid msgpack"),
         ([msgpack.packb([1, 2])], "expected a msgpack map"),
-        ([_header(v=1)], "protocol version 1 is not supported"),
+        ([_header(v=2)], "protocol version 2 is not supported"),
         ([_header(k="launch")], "unknown message kind 'launch'"),
         ([_header(credit="many")], "field 'credit'"),
         ([_header(credit=True)], "field 'credit'"),
         ([_header(extra=1)], "header keys"),
-        ([msgpack.packb({"v": 2, "k": "ready", "f": []})], "header keys"),
+        ([msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "ready", "f": []})], "header keys"),
         ([_header(), b"x"], "announces 0 frame"),
         ([b"\x81\xa1v" + b"\xdb" + (1 << 20).to_bytes(4, "big") + b"x" * (1 << 20)], "exceeds"),
-        ([msgpack.packb({"v": 2, "k": "ready", "credit": 1, "f": list(range(1000))})],
+        ([msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "ready", "credit": 1, "f": list(range(1000))})],
          "not valid msgpack"),
-        ([msgpack.packb({"v": 2, "k": "ready", "credit": b"\x00" * 10, "f": []})],
+        ([msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "ready", "credit": b"\x00" * 10, "f": []})],
          "not valid msgpack"),
     ],
 )

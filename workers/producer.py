@@ -63,6 +63,7 @@ import zmq
 
 from streampack import CompactBatch, InvalidArray, wire
 from streampack.errors import InvalidConfig, ProtocolError
+from streampack.kernels.pack_cpu import plan_matches_window
 from streampack.packing import warm_up_kernels
 from streampack.settings import ProducerSettings, add_flags, from_args, read_curve_secret
 from streampack.sources import CutSpec, Window, iter_windows, open_corpus
@@ -84,7 +85,7 @@ class _InFlight:
     frames: list[Any]
     worker: bytes | None = None
     attempts: int = 0
-    batches: dict[int, wire.Message] = dataclasses.field(default_factory=dict)
+    batches: dict[int, CompactBatch] = dataclasses.field(default_factory=dict)
     expected: int | None = None
     batch_bytes: int = 0
 
@@ -96,8 +97,6 @@ class _Worker:
     windows: set[tuple[int, int]] = dataclasses.field(default_factory=set)
 
 
-def message_bytes(message: wire.Message) -> int:
-    return sum(int(a.nbytes) for a in message.arrays.values())
 
 
 class Producer:
@@ -156,7 +155,7 @@ class Producer:
         self.counts: dict[int, list[int]] = {}  # epoch -> batches per assembled window
         self.totals: dict[int, int] = {}  # epoch -> batches in the epoch
 
-        self.ready: dict[tuple[int, int], tuple[wire.Message, int, int]] = {}
+        self.ready: dict[tuple[int, int], tuple[CompactBatch, int, int]] = {}
         self.reorder_bytes = 0
 
         self.world_size: int | None = None
@@ -390,24 +389,62 @@ class Producer:
                 f"{self.settings.capacity} and max_rows_per_batch "
                 f"{self.settings.max_rows_per_batch}"
             )
-        try:  # refuse here what a consumer would refuse, so one bad worker cannot stall a rank
-            CompactBatch(tokens=message.arrays["tokens"], occurrences=message.arrays["occurrences"],
-                         rows=f["rows"], capacity=f["capacity"], binding=self.binding).checked(
-                max_cells=f["rows"] * f["capacity"])
-        except InvalidArray as exc:
-            raise ProtocolError(f"packed batch {f['batch']} of window {key}: {exc}") from None
         if f["batch"] in state.batches or state.expected == 0:
             self.stats["duplicates_dropped"] += 1
             return
-        size = message_bytes(message)
-        state.batches[f["batch"]] = message
-        state.batch_bytes += size
-        self.reorder_bytes += size
+        batch = self._batch_of_plan(key, state.window, f, message.arrays["occurrences"])
+        state.batches[f["batch"]] = batch
+        state.batch_bytes += batch.nbytes
+        self.reorder_bytes += batch.nbytes
         self.stats["reorder_bytes_peak"] = max(self.stats["reorder_bytes_peak"], self.reorder_bytes)
         self.stats["batches_received"] += 1
         if len(state.batches) == f["batches"]:
             state.expected = f["batches"]
             self._try_assemble()
+
+    def _batch_of_plan(
+        self, key: tuple[int, int], window: Window, f: dict[str, Any], occurrences: Any
+    ) -> CompactBatch:
+        """The compact batch a worker's plan describes, with the tokens taken from the
+        producer's own copy of the window; refused (``ProtocolError``) unless its
+        documents are the window's, in order, and it passes the check a consumer makes,
+        so that one bad worker can neither stall a rank nor change a token."""
+
+        def refuse(what: str) -> ProtocolError:
+            return ProtocolError(f"packed batch {f['batch']} of window {key}: {what}")
+
+        count = len(occurrences)
+        first = int(occurrences["ordinal"][0]) if count else -1
+        if count == 0 or not 0 <= first <= len(window.start) - count:
+            raise refuse(f"{count} occurrences from ordinal {first}; the window has "
+                         f"{len(window.start)} documents")
+        last = first + count
+        if not plan_matches_window(
+            occurrences["ordinal"], occurrences["range_start"], occurrences["range_stop"],
+            occurrences["source_id"], occurrences["example_id"], window.start, window.stop,
+            window.source_id, window.example_id,
+        ):
+            raise refuse(f"its occurrences (ranges, source and example ids) are not those "
+                         f"of documents {first}..{last - 1} of the window")
+        batch = CompactBatch(tokens=window.selected_tokens(first, last),
+                             occurrences=occurrences, rows=f["rows"], capacity=f["capacity"],
+                             binding=self.binding)
+        try:
+            return batch.checked(max_cells=f["rows"] * f["capacity"])
+        except InvalidArray as exc:
+            raise refuse(str(exc)) from None
+
+    @staticmethod
+    def _covers(state: _InFlight) -> bool:
+        """True when the plans of a window's batches hold each of its documents exactly
+        once, in order (a worker that packs deterministically always passes)."""
+        expected = 0
+        for b in range(state.expected or 0):
+            batch = state.batches.get(b)
+            if batch is None or int(batch.occurrences["ordinal"][0]) != expected:
+                return False
+            expected += len(batch.occurrences)
+        return expected == len(state.window.start)
 
     def _on_done(self, identity: bytes, worker: _Worker, message: wire.Message) -> None:
         f = message.fields
@@ -448,6 +485,11 @@ class Producer:
             state = self.inflight.get(key)
             if state is None or state.expected is None or len(state.batches) < state.expected:
                 return
+            if state.expected and not self._covers(state):
+                self.stats["rejected_worker"] += 1
+                self._fail_window(key, "its batches' plans do not hold each of its documents "
+                                       "exactly once, in order")
+                return  # _fail_window assembled what follows
             del self.inflight[key]
             self.window_bytes -= state.window.nbytes
             self.stats["windows_completed"] += 1
@@ -455,15 +497,14 @@ class Producer:
             if len(counts) == self.asm_window:
                 counts.append(state.expected)
             for b in range(state.expected):
-                message = state.batches[b]
-                size = message_bytes(message)
+                batch = state.batches[b]
                 index = self.asm_index + b
                 gkey = (self.asm_epoch, index)
                 if gkey in self.ready or self._below_floor(gkey) or self._past_tail(gkey):
-                    self.reorder_bytes -= size
+                    self.reorder_bytes -= batch.nbytes
                     self.stats["replayed_dropped"] += 1
                     continue
-                self.ready[gkey] = (message, state.window.index, b)
+                self.ready[gkey] = (batch, state.window.index, b)
             self.asm_index += state.expected
             self.asm_window += 1
 
@@ -506,8 +547,8 @@ class Producer:
         if limit is None:
             return
         for key in [k for k in self.ready if k[0] == epoch and k[1] >= limit]:
-            message, _, _ = self.ready.pop(key)
-            self.reorder_bytes -= message_bytes(message)
+            batch, _, _ = self.ready.pop(key)
+            self.reorder_bytes -= batch.nbytes
 
     def _rewind(self, epoch: int, index: int) -> None:
         """Restart the pipeline at the window of ``epoch`` that holds batch ``index``."""
@@ -625,21 +666,15 @@ class Producer:
                     self.stats["fillers_served"] += 1
                     self._advance_floor(key)
                 elif key in self.ready:
-                    message, window, batch = self.ready.pop(key)
-                    self.reorder_bytes -= message_bytes(message)
-                    fields = {"epoch": epoch, "index": index, "window": window, "batch": batch,
-                              "filler": False, "binding": self.binding_wire,
-                              "rows": message.fields["rows"],
-                              "capacity": message.fields["capacity"]}
+                    batch, window, number = self.ready.pop(key)
+                    self.reorder_bytes -= batch.nbytes
+                    fields = {"epoch": epoch, "index": index, "window": window,
+                              "batch": number, "filler": False, "binding": self.binding_wire,
+                              } | wire.batch_shape(batch)
                     for identity in identities:
-                        socket.send_multipart(
-                            [identity, *wire.encode_forward("batch", fields, message)],
-                            copy=False,
-                        )
+                        self._send(socket, identity, "batch", fields, wire.batch_arrays(batch))
                     self.stats["batches_served"] += 1
-                    occurrences = message.arrays["occurrences"]
-                    self.stats["tokens_served"] += int(
-                        (occurrences["stop"] - occurrences["start"]).sum())
+                    self.stats["tokens_served"] += batch.real_tokens
                     self._advance_floor(key)
                 else:
                     continue
@@ -678,8 +713,12 @@ class Producer:
         """Serve until ``stop()``. ``local_worker_endpoint`` (e.g. an ``ipc://`` path) is
         bound for workers in addition to the configured one: ``serve`` connects its own
         workers there, off the TCP stack."""
-        # Load the kernel that checks workers' batches before the first one arrives.
-        warm_up_kernels()
+        # Load the kernels that check workers' plans before the first one arrives.
+        examples, batch = warm_up_kernels()
+        occ = batch.occurrences
+        plan_matches_window(occ["ordinal"], occ["range_start"], occ["range_stop"],
+                            occ["source_id"], occ["example_id"], examples.start, examples.stop,
+                            examples.source_id, examples.example_id)
         context = zmq.Context()
         workers = context.socket(zmq.ROUTER)
         consumers = context.socket(zmq.ROUTER)

@@ -148,7 +148,7 @@ class Worker:
                 "packed",
                 {"epoch": epoch, "window": window, "batch": index, "batches": len(batches)}
                 | wire.batch_shape(batch),
-                wire.batch_arrays(batch),
+                {"occurrences": batch.occurrences},  # the plan: the producer has the tokens
             )
             self._beat_if_due(socket)  # audits are slow: stay visibly alive between batches
         self.counters["windows"] += 1

@@ -29,6 +29,42 @@ def plan_next_fit(lengths, capacity, row_of, column_of):  # pragma: no cover - c
     return row + 1 if lengths.shape[0] > 0 else 0
 
 
+@njit(inline="always")
+def _write_example(
+    tokens, base, length, r, column, segment,
+    inputs, targets, segments, positions, input_valid, target_valid, loss_mask, segment_starts,
+):  # pragma: no cover - compiled
+    """Cells ``column .. column+length-1`` of row ``r``: one example's ``length`` pairs,
+    read from ``tokens[base : base + length + 1]``."""
+    for j in range(length):
+        c = column + j
+        inputs[r, c] = tokens[base + j]
+        targets[r, c] = tokens[base + j + 1]
+        segments[r, c] = segment
+        positions[r, c] = j
+        input_valid[r, c] = True
+        target_valid[r, c] = True
+        loss_mask[r, c] = True
+        segment_starts[r, c] = column
+
+
+@njit(inline="always")
+def _write_padding(
+    r, column, inputs, targets, segments, positions, input_valid, target_valid, loss_mask,
+    segment_starts,
+):  # pragma: no cover - compiled
+    """Cells ``column ..`` of row ``r``: padding (rule C7)."""
+    for c in range(column, inputs.shape[1]):
+        inputs[r, c] = -1
+        targets[r, c] = -1
+        segments[r, c] = -1
+        positions[r, c] = 0
+        input_valid[r, c] = False
+        target_valid[r, c] = False
+        loss_mask[r, c] = False
+        segment_starts[r, c] = -1
+
+
 @njit(parallel=True, cache=True)
 def fill_rows(
     tokens, offsets, doc, start, stop, row_first, first_segment,
@@ -41,35 +77,44 @@ def fill_rows(
     segment ``first_segment + i``. Rows are independent, so threads split them with no
     shared writes.
     """
-    capacity = inputs.shape[1]
     for r in prange(row_first.shape[0] - 1):
         column = 0
         for i in range(row_first[r], row_first[r + 1]):
-            base = offsets[doc[i]] + start[i]
             length = stop[i] - start[i] - 1
-            segment_start = column
-            for j in range(length):
-                c = column + j
-                inputs[r, c] = tokens[base + j]
-                targets[r, c] = tokens[base + j + 1]
-                segments[r, c] = first_segment + i
-                positions[r, c] = j
-                input_valid[r, c] = True
-                target_valid[r, c] = True
-                loss_mask[r, c] = True
-                segment_starts[r, c] = segment_start
+            _write_example(tokens, offsets[doc[i]] + start[i], length, r, column,
+                           first_segment + i, inputs, targets, segments, positions,
+                           input_valid, target_valid, loss_mask, segment_starts)
             column += length
         valid_lengths[r] = column
-        for c in range(column, capacity):
-            inputs[r, c] = -1
-            targets[r, c] = -1
-            segments[r, c] = -1
-            positions[r, c] = 0
-            input_valid[r, c] = False
-            target_valid[r, c] = False
-            loss_mask[r, c] = False
-            segment_starts[r, c] = -1
+        _write_padding(r, column, inputs, targets, segments, positions, input_valid,
+                       target_valid, loss_mask, segment_starts)
 
+
+@njit(cache=True)
+def fill_compact(
+    tokens, row, start, stop, segment,
+    inputs, targets, segments, positions,
+    input_valid, target_valid, loss_mask, segment_starts, valid_lengths,
+):  # pragma: no cover - compiled
+    """``fill_rows`` for a checked compact batch, straight from its occurrence records:
+    occurrence ``i`` fills columns ``start[i] .. stop[i]-1`` of row ``row[i]`` from the
+    next ``stop[i] - start[i] + 1`` tokens. One thread: a batch is small, and the
+    consumer that expands it has a trainer to feed on its other cores."""
+    base = 0
+    i = 0
+    for r in range(inputs.shape[0]):
+        column = 0
+        while i < row.shape[0] and row[i] == r:
+            length = stop[i] - start[i]
+            _write_example(tokens, base, length, r, start[i], segment[i], inputs, targets,
+                           segments, positions, input_valid, target_valid, loss_mask,
+                           segment_starts)
+            base += length + 1
+            column = stop[i]
+            i += 1
+        valid_lengths[r] = column
+        _write_padding(r, column, inputs, targets, segments, positions, input_valid,
+                       target_valid, loss_mask, segment_starts)
 
 
 @njit(parallel=True, cache=True)
@@ -121,7 +166,32 @@ def check_compact(
         total += stop[i] - start[i] + 1
     if total != tokens.shape[0]:
         return COMPACT_TOKEN_COUNT, total
+    # A min/max reduction vectorises; a loop with an early exit does not (10x slower).
+    low, high = 0, 0
+    if tokens.shape[0] > 0:
+        low, high = tokens[0], tokens[0]
     for j in range(tokens.shape[0]):
-        if not 0 <= tokens[j] < vocab_size:
-            return COMPACT_VOCABULARY, j
+        low = min(low, tokens[j])
+        high = max(high, tokens[j])
+    if low < 0 or high >= vocab_size:
+        for j in range(tokens.shape[0]):
+            if not 0 <= tokens[j] < vocab_size:
+                return COMPACT_VOCABULARY, j
     return COMPACT_OK, 0
+
+
+@njit(cache=True)
+def plan_matches_window(
+    ordinal, range_start, range_stop, source_id, example_id, start, stop, window_source_id,
+    window_example_id,
+):  # pragma: no cover - compiled
+    """True when occurrence ``i`` is the window's document ``ordinal[i]`` — same range,
+    same identities — for every ``i``, and ordinals index the window."""
+    for i in range(ordinal.shape[0]):
+        d = ordinal[i]
+        if not 0 <= d < start.shape[0]:
+            return False
+        if (range_start[i] != start[d] or range_stop[i] != stop[d]
+                or source_id[i] != window_source_id[d] or example_id[i] != window_example_id[d]):
+            return False
+    return True
