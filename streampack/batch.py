@@ -265,7 +265,8 @@ class CompactBatch:
     """A batch as its plan: occurrence records plus the selected tokens, in order.
 
     Occurrence ``i`` contributes ``stop - start + 1`` tokens to ``tokens`` (its whole
-    selected range); ``expand()`` writes the cells exactly as ``pack_examples`` does.
+    selected range; int32, or uint16 when the vocabulary fits, as the service sends
+    them); ``expand()`` writes the cells exactly as ``pack_examples`` does.
     This is about 4 bytes per cell instead of 23, so it is what travels between
     processes. ``checked()`` validates one that arrived from elsewhere, so that the
     compiled fill can never read or write outside its arrays.
@@ -297,8 +298,9 @@ class CompactBatch:
                  f"capacity >= 1, rows x capacity <= {max_cells}")
         if occ.dtype != OCCURRENCE_DTYPE or occ.ndim != 1:
             fail(f"occurrences dtype {occ.dtype} shape {occ.shape}; expected 1-D records")
-        if tokens.dtype != np.int32 or tokens.ndim != 1:
-            fail(f"tokens dtype {tokens.dtype} shape {tokens.shape}; expected 1-D int32")
+        if tokens.dtype not in (np.int32, np.uint16) or tokens.ndim != 1:
+            fail(f"tokens dtype {tokens.dtype} shape {tokens.shape}; expected 1-D int32 "
+                 f"or uint16")
         if self.filler or occ.size == 0:
             if not (self.filler and occ.size == 0 and tokens.size == 0):
                 fail("a batch is a filler exactly when it has no occurrences and no tokens")

@@ -25,6 +25,7 @@ Byte counts use Python integers, which cannot overflow.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,6 +261,8 @@ def warm_up_kernels() -> tuple[Examples, CompactBatch]:
     examples = Examples.from_documents([[1, 2, 3], [4, 5]])
     (batch,) = pack_compact(examples, binding, PackConfig(capacity=4, max_rows_per_batch=1))
     batch.checked(max_cells=4).expand()
+    narrow = dataclasses.replace(batch, tokens=batch.tokens.astype(np.uint16))
+    narrow.checked(max_cells=4).expand()  # as the service sends tokens of small vocabularies
     return examples, batch
 
 

@@ -102,7 +102,7 @@ class Window:
     epoch: int
     index: int
     documents: int  # documents the window covers, quarantined ones included
-    tokens: np.ndarray  # int32, the surviving documents concatenated
+    tokens: np.ndarray  # the surviving documents concatenated (int32; int64 from uint32 shards)
     offsets: np.ndarray  # int64, len(surviving) + 1
     start: np.ndarray  # int64 per surviving document: its selected range
     stop: np.ndarray
@@ -112,14 +112,10 @@ class Window:
 
     @functools.cached_property
     def whole_documents(self) -> bool:
-        """int32 tokens, and every document selected whole: its tokens are exactly
+        """Every document selected whole: its tokens are exactly
         ``tokens[offsets[i]:offsets[i + 1]]`` (token shards always; JSON Lines unless
         a line gives a narrower ``start``/``stop``)."""
-        return bool(
-            self.tokens.dtype == np.int32
-            and (self.start == 0).all()
-            and (self.stop == np.diff(self.offsets)).all()
-        )
+        return bool((self.start == 0).all() and (self.stop == np.diff(self.offsets)).all())
 
     @property
     def nbytes(self) -> int:
@@ -130,17 +126,18 @@ class Window:
         )
 
     def selected_tokens(self, first: int, last: int) -> np.ndarray:
-        """int32: the tokens documents ``first..last-1`` select, concatenated — the
-        ``tokens`` of a compact batch holding exactly those documents. A view of the
-        window's tokens when each document is selected whole (no copy), else a gather."""
+        """The tokens documents ``first..last-1`` select, concatenated — the
+        ``tokens`` of a compact batch holding exactly those documents. One slice copied
+        when each document is selected whole, else a gather; a copy either way, so a
+        batch never keeps its whole window alive (memory budgets count batch bytes)."""
         from streampack.kernels.pack_cpu import gather_ranges
 
         if self.whole_documents:
-            return self.tokens[self.offsets[first] : self.offsets[last]]
+            return self.tokens[self.offsets[first] : self.offsets[last]].copy()
         start, stop = self.start[first:last], self.stop[first:last]
         out_offsets = np.zeros(last - first + 1, np.int64)
         np.cumsum(stop - start, out=out_offsets[1:])
-        out = np.empty(int(out_offsets[-1]), np.int32)
+        out = np.empty(int(out_offsets[-1]), self.tokens.dtype)
         gather_ranges(self.tokens, self.offsets, np.arange(first, last, dtype=np.int64),
                       start, stop, out_offsets, out)
         return out

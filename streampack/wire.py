@@ -41,7 +41,8 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
     status     P->C  serving stats               answer to `health`
     error      any   message                     the message received was rejected
 
-Frame dtypes are fixed per frame name (``FRAME_DTYPES``); a receiver never builds a
+Frame dtypes come from a fixed short list per frame name (``FRAME_DTYPES``: tokens may
+be int32, or uint16 when the vocabulary fits); a receiver never builds a
 dtype from a string it was sent. A receiver rejects (``ProtocolError``) an unknown
 version or kind, a missing, extra or mistyped field, a frame list that disagrees with
 the header, a frame whose size disagrees with its shape, and anything over its
@@ -131,24 +132,17 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
     "error": ((("message", _STR),), ()),
 }
 
-FRAME_DTYPES: dict[str, str] = {
-    "tokens": "<i4",
-    "offsets": "<i8",
-    "doc": "<i8",
-    "start": "<i8",
-    "stop": "<i8",
-    "source_id": "<i8",
-    "example_id": "<i8",
-    "inputs": "<i4",
-    "targets": "<i4",
-    "segments": "<i4",
-    "positions": "<i4",
-    "input_valid": "|b1",
-    "target_valid": "|b1",
-    "loss_mask": "|b1",
-    "segment_starts": "<i4",
-    "valid_lengths": "<i4",
-    "occurrences": "occurrence",
+# The dtypes each frame may have; the first is what ``encode`` converts other arrays to.
+# Tokens travel as uint16 when the vocabulary fits (``narrow_tokens``): half the bytes.
+FRAME_DTYPES: dict[str, tuple[str, ...]] = {
+    "tokens": ("<i4", "<u2"),
+    "offsets": ("<i8",),
+    "doc": ("<i8",),
+    "start": ("<i8",),
+    "stop": ("<i8",),
+    "source_id": ("<i8",),
+    "example_id": ("<i8",),
+    "occurrences": ("occurrence",),
 }
 
 
@@ -161,14 +155,20 @@ def _occurrence_dtype() -> np.dtype:
 _DTYPE_CACHE: dict[str, np.dtype] = {}
 
 
-def frame_dtype(name: str) -> np.dtype:
-    """The one dtype the protocol allows for frame ``name``."""
-    dtype = _DTYPE_CACHE.get(name)
+def frame_dtype(code: str) -> np.dtype:
+    """The dtype of a frame dtype code of ``FRAME_DTYPES`` (never any other string)."""
+    dtype = _DTYPE_CACHE.get(code)
     if dtype is None:
-        code = FRAME_DTYPES[name]
         dtype = _occurrence_dtype() if code == "occurrence" else np.dtype(code)
-        _DTYPE_CACHE[name] = dtype
+        _DTYPE_CACHE[code] = dtype
     return dtype
+
+
+def narrow_tokens(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+    """``tokens`` (all in ``0..vocab_size-1``) in their smallest frame dtype: uint16
+    when the vocabulary fits, else int32."""
+    dtype = np.uint16 if vocab_size <= 1 << 16 else np.int32
+    return tokens if tokens.dtype == dtype else tokens.astype(dtype)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -257,8 +257,10 @@ def encode(
             raise ProtocolError(
                 f"unknown frame name {name!r}; expected one of {list(FRAME_DTYPES)}"
             )
-        dtype = frame_dtype(name)
         array = np.asarray(array)
+        codes = FRAME_DTYPES[name]
+        code = next((c for c in codes if frame_dtype(c) == array.dtype), codes[0])
+        dtype = frame_dtype(code)
         if array.dtype != dtype:
             if array.dtype.names is not None or dtype.names is not None:
                 if array.dtype.names != dtype.names:
@@ -267,7 +269,7 @@ def encode(
                     )
             array = array.astype(dtype)
         array = np.ascontiguousarray(array)
-        specs.append((name, FRAME_DTYPES[name], array.shape))
+        specs.append((name, code, array.shape))
         frames.append(memoryview(array).cast("B") if array.size else b"")
     return [encode_header(kind, fields, specs), *frames]
 
@@ -335,10 +337,10 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
         if not (isinstance(spec, list) and len(spec) == 3):
             raise ProtocolError(f"frame spec {spec!r} is not [name, dtype, shape]")
         name, code, shape = spec
-        if name != expected_name or code != FRAME_DTYPES.get(name):
+        if name != expected_name or code not in FRAME_DTYPES[expected_name]:
             raise ProtocolError(
                 f"frame {name!r} with dtype {code!r}; expected {expected_name!r} with dtype "
-                f"{FRAME_DTYPES[expected_name]!r}"
+                f"{' or '.join(FRAME_DTYPES[expected_name])}"
             )
         if (
             not isinstance(shape, list)
@@ -349,7 +351,7 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
                 f"frame {name!r} shape {shape!r} must be at most {limits.max_ndim} "
                 f"non-negative ints"
             )
-        dtype = frame_dtype(name)
+        dtype = frame_dtype(code)
         expected = dtype.itemsize
         for n in shape:
             expected *= n

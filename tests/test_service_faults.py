@@ -336,21 +336,23 @@ def test_memory_stays_within_budgets_with_a_slow_consumer(tmp_path):
             time.sleep(0.2)
         out = result(reader)
     assert out["batches"] == 80 and len(samples) >= 5
-    # Batches travel compact: one window's output is its <= 32768 selected tokens (4 bytes
-    # each) and <= 256 occurrence records. At most three windows are in flight.
-    window_output = 32768 * 4 + 256 * 64
+    # Batches travel compact: one window's output is its <= 32768 selected tokens (2 bytes
+    # each: the vocabulary fits uint16) and <= 256 occurrence records. A window holds
+    # <= 32768 * 2 + 256 * 48 bytes, so at most four are in flight (the last one cut
+    # while the others held less than the 256 KiB budget).
+    window_output = 32768 * 2 + 256 * 64
     for sample in samples:
         now = sample["stats"]
-        assert now["reorder_bytes"] <= budgets["reorder_budget_bytes"] + 3 * window_output
-        assert now["window_bytes"] <= budgets["window_budget_bytes"] + 32768 * 4 + 256 * 48
+        assert now["reorder_bytes"] <= budgets["reorder_budget_bytes"] + 4 * window_output
+        assert now["window_bytes"] <= budgets["window_budget_bytes"] + 32768 * 2 + 256 * 48
     final = samples[-1]
     allowance = sum(budgets.values()) + (48 << 20)
     for pid_index, (before, after) in enumerate(zip(baseline, final["rss"])):
         assert after - before <= allowance, (pid_index, before, after)
     # The producer did not run ahead: besides the 80 consumed it holds what the 1 MiB
-    # reorder budget takes (~60 compact batches of ~17 KB) and three windows in flight
+    # reorder budget takes (~130 compact batches of ~8 KB) and four windows in flight
     # (<= 16 batches each); the whole corpus would be ~2,000 batches.
-    assert final["stats"]["batches_received"] <= 80 + 60 + 3 * 16 + 20
+    assert final["stats"]["batches_received"] <= 80 + 130 + 4 * 16 + 20
 
 
 def test_unbounded_epochs_stream_on_and_audits_reach_the_producer():

@@ -108,6 +108,21 @@ def test_a_batch_costs_about_four_bytes_per_cell_on_the_wire():
     assert worked_batch().stats()["cells"] * 23 == 276
 
 
+def test_tokens_of_a_small_vocabulary_travel_as_uint16_and_expand_the_same():
+    compact = worked_compact()
+    narrow = CompactBatch(tokens=wire.narrow_tokens(compact.tokens, BINDING.vocab_size),
+                          occurrences=compact.occurrences, rows=compact.rows,
+                          capacity=compact.capacity, binding=BINDING)
+    frames = wire.encode("batch", batch_fields(narrow), wire.batch_arrays(narrow))
+    assert msgpack.unpackb(frames[0])["f"][0] == ["tokens", "<u2", [12]]
+    assert len(bytes(frames[1])) == 12 * 2
+    received = wire.batch_from_message(wire.decode(frames))
+    assert received.tokens.dtype == np.uint16
+    assert received.expand().digest() == worked_batch().digest()
+    wide = Binding(vocab_size=70_000, tokenizer="t", split_receipt="r", partition="train")
+    assert wire.narrow_tokens(compact.tokens, wide.vocab_size).dtype == np.int32
+
+
 def test_a_worker_sends_the_plan_and_the_producer_adds_the_window_tokens():
     """``packed`` carries occurrence records only; the tokens come from the window."""
     from streampack.sources import Window
@@ -192,7 +207,7 @@ def _window_frames(**spec_overrides):
     ("overrides", "match"),
     [
         ({"f0": ["tokens", "<i4", [5]]}, "has 16 bytes; its header says shape"),
-        ({"f0": ["tokens", "<f8", [2]]}, "expected 'tokens' with dtype '<i4'"),
+        ({"f0": ["tokens", "<f8", [2]]}, "expected 'tokens' with dtype <i4 or <u2"),
         ({"f0": ["tokens", "O", [4]]}, "expected 'tokens' with dtype"),
         ({"f1": ["tokens", "<i8", [2]]}, "expected 'offsets'"),
         ({"f0": ["tokens", "<i4", [2, 2, 1]]}, "at most 2"),
