@@ -141,9 +141,8 @@ def test_a_worker_plan_that_is_not_its_window_is_refused_and_the_window_reissued
     A plan whose documents are not the window's is refused with an error reply and
     counted; when that worker goes silent its window goes to another, and the consumer
     receives exactly the stream of an undisturbed run."""
-    from workers.worker import pack_config_from_wire, window_examples
-
     from streampack import pack_compact
+    from workers.worker import pack_config_from_wire, window_examples
 
     with Service(FIXTURE, heartbeat_timeout=2.0) as service:
         consumer = consume(service.consumer_endpoint, 0, 1)
@@ -184,10 +183,9 @@ def test_a_worker_plan_that_is_not_its_window_is_refused_and_the_window_reissued
 def test_a_window_is_assembled_only_when_its_plans_hold_each_document_once():
     """Batches that each pass on their own (batch 0's plan sent again as batch 1) still
     do not make the window: the cover check catches a lost or repeated document."""
+    from streampack import Binding, PackConfig, pack_compact
     from workers.producer import Producer, _InFlight
     from workers.worker import window_examples
-
-    from streampack import Binding, PackConfig, pack_compact
 
     window = next(iter_windows(open_corpus(FIXTURE), 0, CutSpec(
         capacity=64, window_documents=40, window_tokens=3000)))

@@ -181,10 +181,8 @@ def _header(**overrides):
         ([msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "ready", "f": []})], "header keys"),
         ([_header(), b"x"], "announces 0 frame"),
         ([b"\x81\xa1v" + b"\xdb" + (1 << 20).to_bytes(4, "big") + b"x" * (1 << 20)], "exceeds"),
-        ([msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "ready", "credit": 1, "f": list(range(1000))})],
-         "not valid msgpack"),
-        ([msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "ready", "credit": b"\x00" * 10, "f": []})],
-         "not valid msgpack"),
+        ([_header(f=list(range(1000)))], "not valid msgpack"),
+        ([_header(credit=b"\x00" * 10)], "not valid msgpack"),
     ],
 )
 def test_malformed_headers_are_rejected(frames, match):
