@@ -218,35 +218,69 @@ def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> P
     )
 
 
+def plan_compact(
+    examples: Examples, binding: Binding, config: PackConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """The batches of ``pack_compact`` as plans alone, without their tokens.
+
+    Returns every occurrence record in order (``row`` local to its batch) and how many
+    records each batch holds. Same validation, placement and budget rules. This is
+    what a pack worker sends: the producer already holds the window's tokens, and
+    :func:`compact_batches` (or the producer's copy of the window) adds them.
+    """
+    plan, _ = _plan(examples, binding, config, compact=True)
+    occurrences = _occurrence_records(examples, plan, config.max_rows_per_batch)
+    firsts = plan.row_first[: plan.row_count : config.max_rows_per_batch]
+    sizes = np.diff(np.append(firsts, len(examples))).astype(np.int64)
+    return occurrences, sizes
+
+
+def select_tokens(
+    tokens: np.ndarray, offsets: np.ndarray, doc: np.ndarray, start: np.ndarray,
+    stop: np.ndarray,
+) -> np.ndarray:
+    """The tokens of ranges ``[start[i], stop[i])`` of documents ``doc[i]``, concatenated
+    in order: the ``tokens`` of a compact batch holding exactly those ranges. Keeps
+    uint16 tokens uint16; any other dtype becomes int32."""
+    out_offsets = np.zeros(len(doc) + 1, np.int64)
+    np.cumsum(stop - start, out=out_offsets[1:])
+    dtype = np.uint16 if tokens.dtype == np.uint16 else np.int32
+    out = np.empty(int(out_offsets[-1]), dtype)
+    gather_ranges(tokens, offsets, doc, start, stop, out_offsets, out)
+    return out
+
+
+def compact_batches(
+    examples: Examples, occurrences: np.ndarray, sizes: np.ndarray, binding: Binding,
+    capacity: int,
+) -> list[CompactBatch]:
+    """The compact batches of a plan from :func:`plan_compact`, tokens gathered."""
+    selected = select_tokens(examples.tokens, examples.offsets, examples.doc, examples.start,
+                             examples.stop)
+    token_offsets = np.zeros(len(examples) + 1, np.int64)
+    np.cumsum(examples.stop - examples.start, out=token_offsets[1:])
+    ends = np.cumsum(sizes)
+    return [
+        CompactBatch(
+            tokens=selected[token_offsets[first] : token_offsets[last]],
+            occurrences=occurrences[first:last],
+            rows=int(occurrences["row"][last - 1]) + 1,
+            capacity=capacity,
+            binding=binding,
+        )
+        for first, last in zip(ends - sizes, ends)
+    ]
+
+
 def pack_compact(examples: Examples, binding: Binding, config: PackConfig) -> list[CompactBatch]:
     """The batches of ``pack_examples`` as plans: occurrence records + selected tokens.
 
     Same validation, placement and budget rules; no cell is written. Each
     ``CompactBatch.expand()`` gives exactly the ``PackedBatch`` that ``pack_examples``
-    returns at the same index. A compact batch is about 4 bytes per cell instead of 23,
-    which is what the service sends over the network.
+    returns at the same index. A compact batch is about 4 bytes per cell instead of 23.
     """
-    plan, _ = _plan(examples, binding, config, compact=True)
-    occurrences = _occurrence_records(examples, plan, config.max_rows_per_batch)
-    token_offsets = np.zeros(len(examples) + 1, np.int64)
-    np.cumsum(plan.lengths + 1, out=token_offsets[1:])
-    selected = np.empty(int(token_offsets[-1]), np.int32)
-    gather_ranges(examples.tokens, examples.offsets, examples.doc, examples.start,
-                  examples.stop, token_offsets, selected)
-    batches = []
-    for b in range(plan.batch_count):
-        first_row, last_row = plan.batch_rows(b, config.max_rows_per_batch)
-        first, last = int(plan.row_first[first_row]), int(plan.row_first[last_row])
-        batches.append(
-            CompactBatch(
-                tokens=selected[token_offsets[first] : token_offsets[last]],
-                occurrences=occurrences[first:last],
-                rows=last_row - first_row,
-                capacity=config.capacity,
-                binding=binding,
-            )
-        )
-    return batches
+    occurrences, sizes = plan_compact(examples, binding, config)
+    return compact_batches(examples, occurrences, sizes, binding, config.capacity)
 
 
 def warm_up_kernels() -> tuple[Examples, CompactBatch]:

@@ -130,17 +130,12 @@ class Window:
         ``tokens`` of a compact batch holding exactly those documents. One slice copied
         when each document is selected whole, else a gather; a copy either way, so a
         batch never keeps its whole window alive (memory budgets count batch bytes)."""
-        from streampack.kernels.pack_cpu import gather_ranges
+        from streampack.packing import select_tokens
 
         if self.whole_documents:
             return self.tokens[self.offsets[first] : self.offsets[last]].copy()
-        start, stop = self.start[first:last], self.stop[first:last]
-        out_offsets = np.zeros(last - first + 1, np.int64)
-        np.cumsum(stop - start, out=out_offsets[1:])
-        out = np.empty(int(out_offsets[-1]), self.tokens.dtype)
-        gather_ranges(self.tokens, self.offsets, np.arange(first, last, dtype=np.int64),
-                      start, stop, out_offsets, out)
-        return out
+        return select_tokens(self.tokens, self.offsets, np.arange(first, last, dtype=np.int64),
+                             self.start[first:last], self.stop[first:last])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The window frames of the wire protocol, in order."""

@@ -26,11 +26,11 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  producer restart
     window     P->W  epoch window binding config frames: tokens offsets doc start stop
                                                  source_id example_id
-    packed     W->P  epoch window batch batches rows capacity
-                                                 frames: occurrences (the batch's plan; the
-                                                 producer takes the tokens from its own
-                                                 copy of the window)
-    done       W->P  epoch window batches seconds audited audit_failures audit_error
+    packed     W->P  epoch window capacity seconds audited audit_failures audit_error
+                                                 frames: occurrences batch_sizes (the plans
+                                                 of all the window's batches: records in
+                                                 order, records per batch; the producer
+                                                 takes the tokens from its own window)
     failed     W->P  epoch window error          packing raised; the window is quarantined
     fetch      C->P  rank world_size epoch index ask for global batch `index` of `epoch`
     batch      P->C  epoch index window batch filler binding rows capacity
@@ -72,11 +72,12 @@ _FLOAT = "float"
 
 # A batch travels compact (``streampack.CompactBatch``): its occurrence records and the
 # selected tokens, about 4 bytes per cell; the receiver expands it into the 23 bytes per
-# cell of a ``PackedBatch``. From a worker only the plan travels: the producer cut the
-# window, so it already holds every token the plan selects (version 3; version 2 sent
-# the tokens back as well, a third of all the bytes the producer moved).
+# cell of a ``PackedBatch``. From a worker only the plans travel, a whole window's in
+# one message: the producer cut the window, so it already holds every token a plan
+# selects (version 3; version 2 sent the tokens back, batch by batch, as well — a third
+# of all the bytes the producer moved, and a message per batch).
 BATCH_FRAMES = ("tokens", "occurrences")
-PLAN_FRAMES = ("occurrences",)
+PLAN_FRAMES = ("occurrences", "batch_sizes")
 WINDOW_FRAMES = ("tokens", "offsets", "doc", "start", "stop", "source_id", "example_id")
 
 # kind -> (fields in order with their types, frame names in order)
@@ -91,24 +92,13 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
         (
             ("epoch", _INT),
             ("window", _INT),
-            ("batch", _INT),
-            ("batches", _INT),
-            ("rows", _INT),
             ("capacity", _INT),
-        ),
-        PLAN_FRAMES,
-    ),
-    "done": (
-        (
-            ("epoch", _INT),
-            ("window", _INT),
-            ("batches", _INT),
             ("seconds", _FLOAT),
             ("audited", _INT),
             ("audit_failures", _INT),
             ("audit_error", _STR),
         ),
-        (),
+        PLAN_FRAMES,
     ),
     "failed": ((("epoch", _INT), ("window", _INT), ("error", _STR)), ()),
     "fetch": ((("rank", _INT), ("world_size", _INT), ("epoch", _INT), ("index", _INT)), ()),
@@ -143,6 +133,7 @@ FRAME_DTYPES: dict[str, tuple[str, ...]] = {
     "source_id": ("<i8",),
     "example_id": ("<i8",),
     "occurrences": ("occurrence",),
+    "batch_sizes": ("<i8",),
 }
 
 

@@ -136,12 +136,12 @@ def test_malformed_messages_to_producer_sockets_are_rejected_and_counted():
     assert out["batches"] > 0 and out["fillers"] == 0
 
 
-def test_a_worker_plan_that_is_not_its_window_is_refused_and_the_window_reissued():
+def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reissued():
     """A worker sends plans; the producer adds the tokens from its own copy of the window.
-    A plan whose documents are not the window's is refused with an error reply and
-    counted; when that worker goes silent its window goes to another, and the consumer
+    Plans that lose, repeat or shift a document, or change a range, are refused with an
+    error reply and counted, the window goes to another worker, and the consumer
     receives exactly the stream of an undisturbed run."""
-    from streampack import pack_compact
+    from streampack.packing import plan_compact
     from workers.worker import pack_config_from_wire, window_examples
 
     with Service(FIXTURE, heartbeat_timeout=2.0) as service:
@@ -154,52 +154,38 @@ def test_a_worker_plan_that_is_not_its_window_is_refused_and_the_window_reissued
             assert rogue.poll(60_000)
             window = wire.decode(rogue.recv_multipart())
             assert window.kind == "window"
-            binding = wire.binding_from_wire(window.fields["binding"])
-            batches = pack_compact(window_examples(window.arrays), binding,
-                                   pack_config_from_wire(window.fields["config"]))
-            shifted = batches[0].occurrences.copy()
+            occurrences, sizes = plan_compact(
+                window_examples(window.arrays), wire.binding_from_wire(window.fields["binding"]),
+                pack_config_from_wire(window.fields["config"]))
+            shifted = occurrences.copy()
             shifted["ordinal"] += 1
-            widened = batches[0].occurrences.copy()
+            widened = occurrences.copy()
             widened["range_stop"][0] += 1
-            for occurrences, complaint in ((shifted, "not those of documents"),
-                                           (widened, "not those of documents")):
+            short = sizes.copy()
+            short[-1] -= 1
+            bad_plans = [
+                (shifted, sizes, "exactly once, in order"),
+                (occurrences[:-1], short, "exactly once, in order"),
+                (widened, sizes, "ranges or source and example ids"),
+            ]
+            for plans, batch_sizes, complaint in bad_plans:
                 fields = {"epoch": window.fields["epoch"], "window": window.fields["window"],
-                          "batch": 0, "batches": len(batches)} | wire.batch_shape(batches[0])
-                rogue.send_multipart(
-                    wire.encode("packed", fields, {"occurrences": occurrences}))
+                          "capacity": 256, "seconds": 0.0, "audited": 0,
+                          "audit_failures": 0, "audit_error": ""}
+                rogue.send_multipart(wire.encode(
+                    "packed", fields, {"occurrences": plans, "batch_sizes": batch_sizes}))
                 assert rogue.poll(60_000)
                 reply = wire.decode(rogue.recv_multipart())
                 assert reply.kind == "error" and complaint in reply.fields["message"]
         finally:
-            rogue.close(linger=0)  # silent from now on: the window is reissued
+            rogue.close(linger=0)
             context.term()
         service.add_worker()
         out = result(consumer)
         counters = service.stats()
-    assert counters["rejected_worker"] == 2 and counters["windows_reissued"] >= 1
+    assert counters["rejected_worker"] == 3 and counters["windows_reissued"] == 1
+    assert counters["windows_failed"] == 0
     assert out["digest"] == expected(FIXTURE, 0, 1)["digest"]
-
-
-def test_a_window_is_assembled_only_when_its_plans_hold_each_document_once():
-    """Batches that each pass on their own (batch 0's plan sent again as batch 1) still
-    do not make the window: the cover check catches a lost or repeated document."""
-    from streampack import Binding, PackConfig, pack_compact
-    from workers.producer import Producer, _InFlight
-    from workers.worker import window_examples
-
-    window = next(iter_windows(open_corpus(FIXTURE), 0, CutSpec(
-        capacity=64, window_documents=40, window_tokens=3000)))
-    batches = pack_compact(window_examples(window.arrays()), Binding(**BINDING | {
-        "vocab_size": 4096}), PackConfig(capacity=64, max_rows_per_batch=2))
-    assert len(batches) >= 2
-    whole = _InFlight(window=window, frames=[], batches=dict(enumerate(batches)),
-                      expected=len(batches))
-    assert Producer._covers(whole)
-    repeated = dict(enumerate(batches)) | {1: batches[0]}
-    assert not Producer._covers(_InFlight(window=window, frames=[], batches=repeated,
-                                          expected=len(batches)))
-    assert not Producer._covers(_InFlight(window=window, frames=[], batches=dict(
-        enumerate(batches[:-1])), expected=len(batches) - 1))
 
 
 def test_a_worker_rejects_malformed_windows_and_keeps_packing():
@@ -234,8 +220,8 @@ def test_a_worker_rejects_malformed_windows_and_keeps_packing():
                               copy=False)
         packed = answer({"packed"})
         assert packed.fields["window"] == 0 and packed.fields["capacity"] == 256
-        done = answer({"done"})
-        assert done.fields["batches"] >= 1
+        sizes = packed.arrays["batch_sizes"]
+        assert len(sizes) >= 1 and sizes.sum() == len(packed.arrays["occurrences"])
         # a window that cannot pack (budget too small) is answered with ``failed``
         fields["config"] = dict(fields["config"], max_metadata_bytes=16)
         router.send_multipart([identity, *wire.encode("window", fields, window.arrays())],

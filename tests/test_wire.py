@@ -123,24 +123,27 @@ def test_tokens_of_a_small_vocabulary_travel_as_uint16_and_expand_the_same():
     assert wire.narrow_tokens(compact.tokens, wide.vocab_size).dtype == np.int32
 
 
-def test_a_worker_sends_the_plan_and_the_producer_adds_the_window_tokens():
-    """``packed`` carries occurrence records only; the tokens come from the window."""
+def test_a_worker_sends_plans_and_the_producer_adds_the_window_tokens():
+    """``packed`` carries a window's plans only; the tokens come from the window."""
+    from streampack.packing import plan_compact
     from streampack.sources import Window
 
     examples = Examples.from_documents(WORKED)
-    (compact,) = pack_compact(examples, BINDING, WORKED_CONFIG)
+    occurrences, sizes = plan_compact(examples, BINDING, WORKED_CONFIG)
+    fields = {"epoch": 1, "window": 2, "capacity": 6, "seconds": 0.001, "audited": 0,
+              "audit_failures": 0, "audit_error": ""}
     packed = wire.decode(wire.encode(
-        "packed", {"epoch": 1, "window": 2, "batch": 0, "batches": 1} | wire.batch_shape(compact),
-        {"occurrences": compact.occurrences}))
-    assert list(packed.arrays) == ["occurrences"]
+        "packed", fields, {"occurrences": occurrences, "batch_sizes": sizes}))
+    assert list(packed.arrays) == ["occurrences", "batch_sizes"]
+    assert packed.arrays["batch_sizes"].tolist() == [3]
     window = Window(epoch=1, index=2, documents=3, tokens=examples.tokens,
                     offsets=examples.offsets, start=examples.start, stop=examples.stop,
                     source_id=examples.source_id, example_id=examples.example_id,
                     quarantined=[])
     tokens = window.selected_tokens(0, 3)
-    np.testing.assert_array_equal(tokens, compact.tokens)
+    np.testing.assert_array_equal(tokens, worked_compact().tokens)
     rebuilt = CompactBatch(tokens=tokens, occurrences=packed.arrays["occurrences"],
-                           rows=compact.rows, capacity=compact.capacity, binding=BINDING)
+                           rows=2, capacity=6, binding=BINDING)
     assert rebuilt.checked(max_cells=12).expand().digest() == worked_batch().digest()
     np.testing.assert_array_equal(window.selected_tokens(1, 3), WORKED[1] + WORKED[2])
 

@@ -2,27 +2,30 @@
 
 One thread, one ``zmq.Poller`` over two ROUTER sockets::
 
-    worker endpoint  (ROUTER) <- ready / heartbeat / packed / done / failed
+    worker endpoint  (ROUTER) <- ready / heartbeat / packed / failed
                               -> window
     consumer endpoint (ROUTER) <- fetch{rank, world_size, epoch, index} / health
                                -> batch / epoch_end / stream_end / status / error
 
 The pipeline, for epoch e (windows numbered 0, 1, ... by ``sources.iter_windows``)::
 
-    cut ──▶ in flight {(e, w): window, worker, batches so far}
-              │ complete (done + every batch)
+    cut ──▶ in flight {(e, w): window, worker}
+              │ packed: the plans of all its batches, checked against the window;
+              │ each batch's tokens taken from the window
               ▼
     assemble in window order: global index g = batches of windows < w + batch
               ▼
-    ready {(e, g): frames}  ──fetch(e, g) from rank g % W──▶  sent, then forgotten
+    ready {(e, g): compact batch}  ──fetch(e, g) from rank g % W──▶  sent, forgotten
 
 Properties and how they hold:
 
 - *Order and determinism.* Windows depend on the corpus and settings only; each is
   packed alone; the assembler numbers batches in window order. Which worker packed
   what, and when, cannot show in the output.
-- *Exactly once.* A result is identified by (epoch, window, batch): one that is not
-  awaited (a duplicate from a reissued window, or stale after a rewind) is dropped.
+- *Exactly once.* A result is identified by (epoch, window): one that is not awaited
+  (a duplicate from a reissued window, or stale after a rewind) is dropped. Plans that
+  do not hold each of the window's documents exactly once, in order, with their
+  ranges, are refused and the window goes to another worker.
 - *Worker failure.* A worker silent for ``heartbeat_timeout`` loses its windows; they
   are reissued, lowest first. A window lost five times, or whose worker reports
   ``failed``, is quarantined whole (its documents are written to the quarantine file)
@@ -59,6 +62,7 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import zmq
 
 from streampack import CompactBatch, InvalidArray, wire
@@ -350,7 +354,7 @@ class Producer:
     ) -> None:
         kind, fields = message.kind, message.fields
         if worker is None:
-            if kind not in ("ready", "heartbeat", "packed", "done", "failed"):
+            if kind not in ("ready", "heartbeat", "packed", "failed"):
                 raise ProtocolError(f"{kind!r} is not a worker message")
             worker = _Worker(credit=0, last_seen=time.monotonic())
             self.workers[identity] = worker
@@ -364,9 +368,7 @@ class Producer:
         elif kind == "heartbeat":
             pass
         elif kind == "packed":
-            self._on_packed(message)
-        elif kind == "done":
-            self._on_done(identity, worker, message)
+            self._on_packed(identity, worker, message)
         elif kind == "failed":
             key = (fields["epoch"], fields["window"])
             worker.windows.discard(key)
@@ -375,82 +377,7 @@ class Producer:
         else:
             raise ProtocolError(f"{kind!r} is not a worker message")
 
-    def _on_packed(self, message: wire.Message) -> None:
-        f = message.fields
-        key = (f["epoch"], f["window"])
-        state = self.inflight.get(key)
-        if state is None:
-            self.stats["stale_dropped"] += 1
-            return
-        if (
-            not 0 <= f["batch"] < f["batches"]
-            or f["capacity"] != self.settings.capacity
-            or not 0 < f["rows"] <= self.settings.max_rows_per_batch
-        ):
-            raise ProtocolError(
-                f"packed batch {f['batch']}/{f['batches']} of window {key} with "
-                f"{f['rows']} rows x capacity {f['capacity']} does not fit capacity "
-                f"{self.settings.capacity} and max_rows_per_batch "
-                f"{self.settings.max_rows_per_batch}"
-            )
-        if f["batch"] in state.batches or state.expected == 0:
-            self.stats["duplicates_dropped"] += 1
-            return
-        batch = self._batch_of_plan(key, state.window, f, message.arrays["occurrences"])
-        state.batches[f["batch"]] = batch
-        state.batch_bytes += batch.nbytes
-        self.reorder_bytes += batch.nbytes
-        self.stats["reorder_bytes_peak"] = max(self.stats["reorder_bytes_peak"], self.reorder_bytes)
-        self.stats["batches_received"] += 1
-        if len(state.batches) == f["batches"]:
-            state.expected = f["batches"]
-            self._try_assemble()
-
-    def _batch_of_plan(
-        self, key: tuple[int, int], window: Window, f: dict[str, Any], occurrences: Any
-    ) -> CompactBatch:
-        """The compact batch a worker's plan describes, with the tokens taken from the
-        producer's own copy of the window; refused (``ProtocolError``) unless its
-        documents are the window's, in order, and it passes the check a consumer makes,
-        so that one bad worker can neither stall a rank nor change a token."""
-
-        def refuse(what: str) -> ProtocolError:
-            return ProtocolError(f"packed batch {f['batch']} of window {key}: {what}")
-
-        count = len(occurrences)
-        first = int(occurrences["ordinal"][0]) if count else -1
-        if count == 0 or not 0 <= first <= len(window.start) - count:
-            raise refuse(f"{count} occurrences from ordinal {first}; the window has "
-                         f"{len(window.start)} documents")
-        last = first + count
-        if not plan_matches_window(
-            occurrences["ordinal"], occurrences["range_start"], occurrences["range_stop"],
-            occurrences["source_id"], occurrences["example_id"], window.start, window.stop,
-            window.source_id, window.example_id,
-        ):
-            raise refuse(f"its occurrences (ranges, source and example ids) are not those "
-                         f"of documents {first}..{last - 1} of the window")
-        batch = CompactBatch(tokens=window.selected_tokens(first, last),
-                             occurrences=occurrences, rows=f["rows"], capacity=f["capacity"],
-                             binding=self.binding)
-        try:
-            return batch.checked(max_cells=f["rows"] * f["capacity"])
-        except InvalidArray as exc:
-            raise refuse(str(exc)) from None
-
-    @staticmethod
-    def _covers(state: _InFlight) -> bool:
-        """True when the plans of a window's batches hold each of its documents exactly
-        once, in order (a worker that packs deterministically always passes)."""
-        expected = 0
-        for b in range(state.expected or 0):
-            batch = state.batches.get(b)
-            if batch is None or int(batch.occurrences["ordinal"][0]) != expected:
-                return False
-            expected += len(batch.occurrences)
-        return expected == len(state.window.start)
-
-    def _on_done(self, identity: bytes, worker: _Worker, message: wire.Message) -> None:
+    def _on_packed(self, identity: bytes, worker: _Worker, message: wire.Message) -> None:
         f = message.fields
         key = (f["epoch"], f["window"])
         worker.windows.discard(key)
@@ -462,10 +389,73 @@ class Producer:
             self.log(f"producer: audit failures in window {key}: {f['audit_error']}")
         state = self.inflight.get(key)
         if state is None:
+            self.stats["stale_dropped"] += 1
             return
-        if state.expected is None:
-            state.expected = f["batches"]
+        if state.expected is not None:
+            self.stats["duplicates_dropped"] += 1
+            return
+        try:
+            batches = self._batches_of_plans(key, state.window, f, message.arrays)
+        except ProtocolError:
+            if state.worker == identity:  # give the window to another worker
+                state.worker = None
+                if state.attempts >= MAX_ATTEMPTS:
+                    self._fail_window(key, f"{state.attempts} workers sent unusable plans")
+                else:
+                    bisect.insort(self.reissue, key)
+            raise
+        state.batches = dict(enumerate(batches))
+        state.expected = len(batches)
+        state.batch_bytes = sum(batch.nbytes for batch in batches)
+        self.reorder_bytes += state.batch_bytes
+        self.stats["reorder_bytes_peak"] = max(self.stats["reorder_bytes_peak"], self.reorder_bytes)
+        self.stats["batches_received"] += len(batches)
         self._try_assemble()
+
+    def _batches_of_plans(
+        self, key: tuple[int, int], window: Window, f: dict[str, Any], arrays: dict[str, Any]
+    ) -> list[CompactBatch]:
+        """The compact batches a worker's plans describe, tokens taken from the producer's
+        own copy of the window. Refused (``ProtocolError``) unless the plans hold each of
+        the window's documents exactly once, in order, with their ranges and identities,
+        and every batch passes the check a consumer makes: a bad worker can neither
+        stall a rank nor change or lose a token."""
+        occurrences, sizes = arrays["occurrences"], arrays["batch_sizes"]
+
+        def refuse(what: str) -> ProtocolError:
+            return ProtocolError(f"plans of window {key}: {what}")
+
+        if f["capacity"] != self.settings.capacity:
+            raise refuse(f"capacity {f['capacity']}; this producer packs capacity "
+                         f"{self.settings.capacity}")
+        documents = len(window.start)
+        if not np.array_equal(occurrences["ordinal"], np.arange(documents)):
+            raise refuse(f"{len(occurrences)} occurrence records do not hold each of the "
+                         f"window's {documents} documents exactly once, in order")
+        if not plan_matches_window(
+            occurrences["ordinal"], occurrences["range_start"], occurrences["range_stop"],
+            occurrences["source_id"], occurrences["example_id"], window.start, window.stop,
+            window.source_id, window.example_id,
+        ):
+            raise refuse("the occurrences' ranges or source and example ids are not those "
+                         "of the window's documents")
+        if len(sizes) == 0 or (sizes <= 0).any() or int(sizes.sum()) != documents:
+            raise refuse(f"batch sizes {sizes.tolist()[:8]}... must be positive and add up "
+                         f"to the window's {documents} documents")
+        batches = []
+        for first, last in zip((np.cumsum(sizes) - sizes).tolist(), np.cumsum(sizes).tolist()):
+            rows = int(occurrences["row"][last - 1]) + 1
+            if rows > self.settings.max_rows_per_batch:
+                raise refuse(f"batch {len(batches)} has {rows} rows; max_rows_per_batch is "
+                             f"{self.settings.max_rows_per_batch}")
+            batch = CompactBatch(tokens=window.selected_tokens(first, last),
+                                 occurrences=occurrences[first:last], rows=rows,
+                                 capacity=f["capacity"], binding=self.binding)
+            try:
+                batches.append(batch.checked(max_cells=rows * f["capacity"]))
+            except InvalidArray as exc:
+                raise refuse(f"batch {len(batches)}: {exc}") from None
+        return batches
 
     # ------------------------------------------------------------------ ordering
 
@@ -489,11 +479,6 @@ class Producer:
             state = self.inflight.get(key)
             if state is None or state.expected is None or len(state.batches) < state.expected:
                 return
-            if state.expected and not self._covers(state):
-                self.stats["rejected_worker"] += 1
-                self._fail_window(key, "its batches' plans do not hold each of its documents "
-                                       "exactly once, in order")
-                return  # _fail_window assembled what follows
             del self.inflight[key]
             self.window_bytes -= state.window.nbytes
             self.stats["windows_completed"] += 1

@@ -6,10 +6,9 @@ A worker connects a DEALER socket to the producer's worker endpoint and loops::
     send ready{credit: prefetch}
     repeat:
         window{epoch, window, binding, config} + frames  ->  Examples (validated)
-            -> pack_compact(examples, binding, PackConfig(**config))
-            -> packed{epoch, window, batch, batches, rows, capacity} + compact batch
-               frames (selected tokens + occurrence records), one message per batch
-            -> done{epoch, window, batches, seconds, audit...}
+            -> plan_compact(examples, binding, PackConfig(**config))
+            -> packed{epoch, window, capacity, seconds, audit...} + the plans of all
+               its batches (occurrence records + records per batch), one message
             -> ready{credit: 1}
         every heartbeat_interval seconds: heartbeat{free}
 
@@ -36,8 +35,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from streampack import Examples, PackConfig, StreampackError, pack_compact, wire
-from streampack.packing import warm_up_kernels
+from streampack import Examples, PackConfig, StreampackError, wire
+from streampack.packing import compact_batches, plan_compact, warm_up_kernels
 from streampack.settings import WorkerSettings, add_flags, from_args
 
 
@@ -106,8 +105,6 @@ class Worker:
 
     def _audit(self, batch: Any, examples: Examples) -> tuple[int, int, str]:
         """Audit every N-th batch this worker packs; returns (audited, failures, note)."""
-        if not self.settings.audit_every:
-            return 0, 0, ""
         self._audit_seen += 1
         if self._audit_seen % self.settings.audit_every:
             return 0, 0, ""
@@ -129,7 +126,7 @@ class Worker:
             binding = wire.binding_from_wire(fields["binding"])
             config = pack_config_from_wire(fields["config"])
             examples = window_examples(message.arrays)
-            batches = pack_compact(examples, binding, config)
+            occurrences, sizes = plan_compact(examples, binding, config)
         except StreampackError as exc:
             self.counters["failed"] += 1
             self.log(f"worker: window {epoch}/{window} failed to pack: {exc}")
@@ -137,36 +134,32 @@ class Worker:
             return
         audited = failures = 0
         notes = []
-        for index, batch in enumerate(batches):
-            a, f, note = self._audit(batch, examples)
-            audited += a
-            failures += f
-            if note:
-                notes.append(f"batch {index}: {note}")
-            self._send(
-                socket,
-                "packed",
-                {"epoch": epoch, "window": window, "batch": index, "batches": len(batches)}
-                | wire.batch_shape(batch),
-                {"occurrences": batch.occurrences},  # the plan: the producer has the tokens
-            )
-            self._beat_if_due(socket)  # audits are slow: stay visibly alive between batches
+        if self.settings.audit_every:  # only audits need the batches' tokens
+            batches = compact_batches(examples, occurrences, sizes, binding, config.capacity)
+            for index, batch in enumerate(batches):
+                a, f, note = self._audit(batch, examples)
+                audited += a
+                failures += f
+                if note:
+                    notes.append(f"batch {index}: {note}")
+                self._beat_if_due(socket)  # audits are slow: stay visibly alive
         self.counters["windows"] += 1
-        self.counters["batches"] += len(batches)
+        self.counters["batches"] += len(sizes)
         self.counters["audited"] += audited
         self.counters["audit_failures"] += failures
         self._send(
             socket,
-            "done",
+            "packed",
             {
                 "epoch": epoch,
                 "window": window,
-                "batches": len(batches),
+                "capacity": config.capacity,
                 "seconds": time.perf_counter() - started,
                 "audited": audited,
                 "audit_failures": failures,
                 "audit_error": "; ".join(notes)[:2000],
             },
+            {"occurrences": occurrences, "batch_sizes": sizes},
         )
 
     def _beat_if_due(self, socket: zmq.Socket) -> None:
