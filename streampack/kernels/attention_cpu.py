@@ -77,6 +77,10 @@ GEMM_BUDGET = 64 * 64 * 64
 #: Keys per forward chunk: the scores of a chunk, ``FORWARD_TILE_K x TILE_Q``, take 16 KB
 #: in float32 and stay in L1 next to the transposed queries.
 FORWARD_TILE_K = 64
+#: How far (natural log units) a score may rise above the fixed softmax shift before the
+#: chunk is redone with the exact running-max rescaling: ``exp(16)`` is about 9e6, far
+#: from overflowing a sum or ``P V`` in float32.
+SHIFT_SLACK = 16.0
 
 _LOG2E = 1.4426950408889634
 
@@ -410,6 +414,54 @@ def _softmax_columns(
             row_sum[x] += e
 
 
+@njit(cache=True, fastmath=_FASTMATH)
+def _softmax_shifted(
+    st, ld, nq, nk, low, a, k0, masked, shift, chunk_sum, chunk_over
+):  # pragma: no cover - compiled
+    """One-pass softmax step with a fixed shift: ``st[j, x] = exp(st[j, x] - shift[x])``.
+
+    Writes exactly 0 outside each query's range when ``masked`` (else every cell must be
+    in range), sets ``chunk_sum[x]`` to the column sums, and returns the largest
+    ``score - shift`` over the cells in range: the caller keeps the result only when it
+    is at most :data:`SHIFT_SLACK` (for larger values, or NaN, the exps may overflow).
+    Indices are unsigned, as in :func:`_softmax_columns`.
+    """
+    zero = st.dtype.type(0.0)
+    lowest = st.dtype.type(-np.inf)
+    n = np.uintp(nq)
+    for x in range(n):
+        chunk_sum[x] = zero
+        chunk_over[x] = lowest
+    if masked:
+        for j in range(nk):
+            key = low.dtype.type(k0 + j)
+            row = np.uintp(j * ld)
+            first = np.uintp(min(max(k0 + j - a, 0), nq))
+            for x in range(first):
+                st[row + x] = zero
+            for x in range(first, n):
+                d = st[row + x] - shift[x]
+                keep = low[x] <= key
+                chunk_over[x] = max(chunk_over[x], d if keep else lowest)
+                e = _exp_nonpositive(min(d, st.dtype.type(SHIFT_SLACK)))
+                e = e if keep else zero
+                st[row + x] = e
+                chunk_sum[x] += e
+    else:
+        for j in range(nk):
+            row = np.uintp(j * ld)
+            for x in range(n):
+                d = st[row + x] - shift[x]
+                chunk_over[x] = max(chunk_over[x], d)
+                e = _exp_nonpositive(min(d, st.dtype.type(SHIFT_SLACK)))
+                st[row + x] = e
+                chunk_sum[x] += e
+    over = lowest
+    for x in range(n):
+        over = max(over, chunk_over[x])
+    return over
+
+
 @njit(cache=True)
 def _accumulate_values(st, ld, nq, nk, low, a, k0, v, v_row0, out, out_row0):  # pragma: no cover
     """``out[out_row0 + x] += sum_j st[j, x] * v[v_row0 + j]`` for ``x < nq``.
@@ -661,6 +713,8 @@ def forward(
         row_max = np.empty(tile_q, dtype)
         row_sum = np.empty(tile_q, dtype)
         chunk_max = np.empty(tile_q, dtype)
+        saved_max = np.empty(tile_q, dtype)
+        saved_over = np.empty(tile_q, dtype)
         low = np.empty(tile_q, np.int32)
         for i in range(offsets[bin_index], offsets[bin_index + 1]):
             task = order[i]
@@ -677,19 +731,42 @@ def forward(
                     line = qt[d * ld : d * ld + nq]
                     for x in range(nq):
                         line[x] = q[base + a + x, d] * scale
+                highest = lowest
                 for x in range(nq):
                     row_max[x] = -np.inf
                     row_sum[x] = 0.0
                     low[x] = starts[r, a + x]
+                    highest = max(highest, low[x])
                 # the diagonal chunk first, then back towards the segment start
                 k1 = b
                 while k1 > lowest:
                     k0 = max(lowest, k1 - tile_k)
                     nk = k1 - k0
                     _scores(k, base + k0, nk, qt, ld, nq, a - k0, dim, st)
-                    _softmax_columns(
-                        st, ld, nq, nk, low, a, k0, row_max, row_sum, chunk_max, out, base + a
-                    )
+                    exact = k0 > a
+                    if not exact:
+                        # every query has its own key here or in an earlier chunk: a query
+                        # without a shift yet takes its own score
+                        for x in range(nq):
+                            saved_max[x] = row_max[x]
+                            if row_max[x] == -np.inf:
+                                row_max[x] = st[(a + x - k0) * ld + x]
+                        masked = k1 > a or highest > k0
+                        over = _softmax_shifted(
+                            st, ld, nq, nk, low, a, k0, masked, row_max, chunk_max, saved_over
+                        )
+                        if over <= SHIFT_SLACK:
+                            for x in range(nq):
+                                row_sum[x] += chunk_max[x]
+                        else:
+                            for x in range(nq):
+                                row_max[x] = saved_max[x]
+                            _scores(k, base + k0, nk, qt, ld, nq, a - k0, dim, st)
+                            exact = True
+                    if exact:
+                        _softmax_columns(
+                            st, ld, nq, nk, low, a, k0, row_max, row_sum, chunk_max, out, base + a
+                        )
                     _accumulate_values(st, ld, nq, nk, low, a, k0, v, base + k0, out, base + a)
                     k1 = k0
                 for x in range(nq):
