@@ -220,7 +220,13 @@ class BatchStream:
     # -- iteration ------------------------------------------------------------------
 
     def _request_more(self, socket: zmq.Socket) -> None:
-        next_index = self._requested[-1] + self.world_size if self._requested else self._index
+        """Top the outstanding requests up to ``prefetch`` (fewer near ``prefetch_bytes``)
+        once half of them have been answered: one fetch message for a run of batches."""
+        if len(self._requested) > self.prefetch // 2:
+            return
+        first = next_index = self._requested[-1] + self.world_size if self._requested \
+            else self._index
+        count = 0
         while (
             len(self._requested) < self.prefetch
             and (self._limit is None or next_index < self._limit)
@@ -228,18 +234,21 @@ class BatchStream:
             not self._requested
             or self._held_bytes + self._batch_bytes * len(self._requested) < self.prefetch_bytes)
         ):
-            fields = {"rank": self.rank, "world_size": self.world_size,
-                      "epoch": self._epoch, "index": next_index}
-            socket.send_multipart(wire.encode("fetch", fields), copy=False)
             self._requested.append(next_index)
             next_index += self.world_size
+            count += 1
+        if count:
+            self._fetch(socket, first, count)
+
+    def _fetch(self, socket: zmq.Socket, index: int, count: int) -> None:
+        fields = {"rank": self.rank, "world_size": self.world_size, "epoch": self._epoch,
+                  "index": index, "count": count}
+        socket.send_multipart(wire.encode("fetch", fields), copy=False)
 
     def _resend(self, socket: zmq.Socket) -> None:
         for index in self._requested:
             if index not in self._held:
-                fields = {"rank": self.rank, "world_size": self.world_size,
-                          "epoch": self._epoch, "index": index}
-                socket.send_multipart(wire.encode("fetch", fields), copy=False)
+                self._fetch(socket, index, 1)
         self.resent += 1
 
     def __iter__(self) -> Iterator[Any]:

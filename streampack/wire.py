@@ -32,9 +32,12 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  order, records per batch; the producer
                                                  takes the tokens from its own window)
     failed     W->P  epoch window error          packing raised; the window is quarantined
-    fetch      C->P  rank world_size epoch index ask for global batch `index` of `epoch`
+    fetch      C->P  rank world_size epoch index count
+                                                 ask for global batches `index`, `index +
+                                                 world_size`, ... (`count` of them) of `epoch`
     batch      P->C  epoch index window batch filler binding rows capacity
-                                                 frames as in `packed`
+                                                 frames: tokens occurrences (a compact batch:
+                                                 the selected tokens, occurrence records)
     epoch_end  P->C  epoch per_rank total        `index` is past this rank's share
     stream_end P->C  epochs                      no more epochs
     health     C->P  (none)                      are you serving?
@@ -101,7 +104,10 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
         PLAN_FRAMES,
     ),
     "failed": ((("epoch", _INT), ("window", _INT), ("error", _STR)), ()),
-    "fetch": ((("rank", _INT), ("world_size", _INT), ("epoch", _INT), ("index", _INT)), ()),
+    "fetch": (
+        (("rank", _INT), ("world_size", _INT), ("epoch", _INT), ("index", _INT), ("count", _INT)),
+        (),
+    ),
     "batch": (
         (
             ("epoch", _INT),

@@ -37,7 +37,8 @@ class FakeProducer:
         self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.answer = answer
-        self.fetches: list[dict] = []
+        self.fetches: list[dict] = []  # one per batch asked for
+        self.messages = 0  # fetch messages (each may ask for several batches)
         self.outstanding_peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -48,10 +49,13 @@ class FakeProducer:
             if not self.router.poll(50):
                 continue
             identity, *frames = self.router.recv_multipart()
-            fields = wire.decode(frames).fields
-            self.fetches.append(fields)
-            for reply in self.answer(fields, self):
-                self.router.send_multipart([identity, *reply])
+            fetch = wire.decode(frames).fields
+            self.messages += 1
+            for k in range(fetch["count"]):  # one batch at a time, as the producer serves
+                fields = fetch | {"index": fetch["index"] + k * fetch["world_size"]}
+                self.fetches.append(fields)
+                for reply in self.answer(fields, self):
+                    self.router.send_multipart([identity, *reply])
 
     def close(self):
         self._stop.set()
@@ -117,6 +121,15 @@ def test_prefetch_bounds_outstanding_requests(fake):
         with pytest.raises(StreamTimeout, match="no answer .* within 0.5s for epoch 0 batch 0"):
             next(s)
     assert [f["index"] for f in producer.fetches] == [0, 2, 4]
+    assert producer.messages == 1  # one fetch message for the run of three
+
+
+def test_fetches_top_up_in_runs_once_half_are_answered(fake):
+    producer = fake(serve_n(12))
+    with BatchStream(producer.endpoint, rank=0, world_size=1, timeout=30, prefetch=4) as s:
+        assert sum(1 for _ in s) == 12
+    assert [f["index"] for f in producer.fetches][:12] == list(range(12))
+    assert producer.messages <= 12 // 2 + 2  # about one message per two batches, not per batch
 
 
 def test_load_state_dict_resumes_at_the_cursor(fake):

@@ -44,10 +44,11 @@ def test_ready_header_bytes_are_pinned():
 
 
 def test_fetch_header_bytes_are_pinned():
-    header = wire.encode_header("fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3})
+    header = wire.encode_header(
+        "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4})
     expected = (
-        b"\x87\xa1v\x03\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
-        b"\xa5epoch\x00\xa5index\x03\xa1f\x90"
+        b"\x88\xa1v\x03\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa1f\x90"
     )
     assert header == expected
 

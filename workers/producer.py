@@ -4,7 +4,7 @@ One thread, one ``zmq.Poller`` over two ROUTER sockets::
 
     worker endpoint  (ROUTER) <- ready / heartbeat / packed / failed
                               -> window
-    consumer endpoint (ROUTER) <- fetch{rank, world_size, epoch, index} / health
+    consumer endpoint (ROUTER) <- fetch{rank, world_size, epoch, index, count} / health
                                -> batch / epoch_end / stream_end / status / error
 
 The pipeline, for epoch e (windows numbered 0, 1, ... by ``sources.iter_windows``)::
@@ -580,10 +580,13 @@ class Producer:
 
     def _on_fetch(self, identity: bytes, f: dict[str, Any]) -> None:
         rank, world, epoch, index = f["rank"], f["world_size"], f["epoch"], f["index"]
-        if not (0 <= rank < world <= 1 << 16) or epoch < 0 or index < 0 or index % world != rank:
+        count = f["count"]
+        if (not (0 <= rank < world <= 1 << 16) or epoch < 0 or index < 0
+                or index % world != rank or not 1 <= count <= MAX_PENDING_PER_CONSUMER):
             raise ProtocolError(
-                f"fetch rank={rank} world_size={world} epoch={epoch} index={index}: need "
-                f"0 <= rank < world_size <= 65536, epoch >= 0 and index = rank mod world_size"
+                f"fetch rank={rank} world_size={world} epoch={epoch} index={index} "
+                f"count={count}: need 0 <= rank < world_size <= 65536, epoch >= 0, "
+                f"index = rank mod world_size and 1 <= count <= {MAX_PENDING_PER_CONSUMER}"
             )
         if self.world_size is None:
             self.world_size = world
@@ -594,23 +597,23 @@ class Producer:
                 f"world_size {world} differs from the {self.world_size} this producer "
                 f"serves; restart the producer to change the world size"
             )
-        if self.pending_count[identity] >= MAX_PENDING_PER_CONSUMER:
+        if self.pending_count[identity] + count > MAX_PENDING_PER_CONSUMER:
             raise ProtocolError(
                 f"more than {MAX_PENDING_PER_CONSUMER} fetches outstanding from one consumer"
             )
-        key = (epoch, index)
-        floor = self.floors.get(rank)
-        if floor is None or key < floor:
-            self.floors[rank] = key
-        self.pending.setdefault(key, []).append(identity)
-        self.pending_count[identity] += 1
-        if not self.started:
-            self.started = True
-            if epoch > 0 and self._epoch_live(epoch):
-                self._rewind(epoch, 0)
-        elif self._epoch_live(epoch) and key not in self.ready and self._behind(key):
-            if not (self._limit(epoch) is not None and index >= self.totals[epoch]):
-                self._rewind(epoch, index)
+        for key in [(epoch, index + k * world) for k in range(count)]:
+            floor = self.floors.get(rank)
+            if floor is None or key < floor:
+                self.floors[rank] = key
+            self.pending.setdefault(key, []).append(identity)
+            self.pending_count[identity] += 1
+            if not self.started:
+                self.started = True
+                if epoch > 0 and self._epoch_live(epoch):
+                    self._rewind(epoch, 0)
+            elif self._epoch_live(epoch) and key not in self.ready and self._behind(key):
+                if not (self._limit(epoch) is not None and key[1] >= self.totals[epoch]):
+                    self._rewind(epoch, key[1])
 
     def _behind(self, key: tuple[int, int]) -> bool:
         return key < (self.asm_epoch, self.asm_index)
