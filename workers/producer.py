@@ -101,8 +101,6 @@ class _Worker:
     windows: set[tuple[int, int]] = dataclasses.field(default_factory=set)
 
 
-
-
 class Producer:
     """The producer's state machine; ``run()`` serves until ``stop()``."""
 
@@ -439,7 +437,7 @@ class Producer:
         ):
             raise refuse("the occurrences' ranges or source and example ids are not those "
                          "of the window's documents")
-        if len(sizes) == 0 or (sizes <= 0).any() or int(sizes.sum()) != documents:
+        if sizes.ndim != 1 or len(sizes) == 0 or (sizes <= 0).any() or sizes.sum() != documents:
             raise refuse(f"batch sizes {sizes.tolist()[:8]}... must be positive and add up "
                          f"to the window's {documents} documents")
         batches = []
