@@ -83,6 +83,8 @@ FORWARD_TILE_K = 64
 SHIFT_SLACK = 16.0
 
 _LOG2E = 1.4426950408889634
+#: ``2**f`` on ``[0, 1)``, highest power first (relative error below 2e-6).
+_EXP2_POLY = (1.8775767e-3, 8.9893397e-3, 5.5826318e-2, 2.4015361e-1, 6.9315308e-1, 9.9999994e-1)
 
 #: Fast-math flags that keep IEEE infinities and NaNs (no ``nnan``/``ninf``) and libm's
 #: exact functions (no ``afn``) but let LLVM reassociate sums, so row sums and the exp
@@ -130,12 +132,12 @@ def _exp_nonpositive_impl(x):  # pragma: no cover - compiled
             t = max(t, np.float32(-126.0))
             n = np.floor(t)
             f = t - n
-            p = np.float32(1.8775767e-3)
-            p = p * f + np.float32(8.9893397e-3)
-            p = p * f + np.float32(5.5826318e-2)
-            p = p * f + np.float32(2.4015361e-1)
-            p = p * f + np.float32(6.9315308e-1)
-            p = p * f + np.float32(9.9999994e-1)
+            p = np.float32(_EXP2_POLY[0])
+            p = p * f + np.float32(_EXP2_POLY[1])
+            p = p * f + np.float32(_EXP2_POLY[2])
+            p = p * f + np.float32(_EXP2_POLY[3])
+            p = p * f + np.float32(_EXP2_POLY[4])
+            p = p * f + np.float32(_EXP2_POLY[5])
             return p * _f32_from_bits(np.int32((np.int32(n) + np.int32(127)) << np.int32(23)))
 
         return impl
@@ -147,7 +149,92 @@ def _exp_nonpositive_impl(x):  # pragma: no cover - compiled
 MICRO_ROWS = 6
 
 
-def _micro_kernel(rows, vectors, vector, accumulate):
+def _emit_product(context, builder, signature, args, rows, vectors, vector, accumulate, softmax):
+    """Code of :func:`_micro_kernel`'s intrinsics (``args`` as their signature)."""
+    c_arr, c_off, ldc, a_arr, a_off, sa_i, sa_k, b_arr, b_off, ldb, kdim = args[:11]
+    c_ty, a_ty, b_ty = signature.args[0], signature.args[3], signature.args[7]
+    c_ptr = context.make_array(c_ty)(context, builder, c_arr).data
+    a_ptr = context.make_array(a_ty)(context, builder, a_arr).data
+    b_ptr = context.make_array(b_ty)(context, builder, b_arr).data
+    bits = c_ty.dtype.bitwidth
+    width = 256 // bits if vector else 1
+    f_ty = context.get_value_type(c_ty.dtype)
+    v_ty = ir.VectorType(f_ty, width) if width > 1 else f_ty
+    suffix = (f"v{width}" if width > 1 else "") + f"f{bits}"
+    fma = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(v_ty, [v_ty] * 3), "llvm.fmuladd." + suffix
+    )
+    i_ty = context.get_value_type(types.intp)
+    align = bits // 8
+
+    def const(n):
+        return ir.Constant(i_ty, n)
+
+    def vector_at(ptr, offset):
+        return builder.bitcast(builder.gep(ptr, [offset]), v_ty.as_pointer())
+
+    def c_slot(i, j):
+        offset = builder.add(c_off, builder.add(builder.mul(ldc, const(i)), const(j)))
+        return vector_at(c_ptr, offset)
+
+    tiles = [(i, j * width) for i in range(rows) for j in range(vectors)]
+    zero = ir.Constant(v_ty, None)
+    start = [
+        builder.load(c_slot(i, j), align=align) if accumulate else zero for i, j in tiles
+    ]
+    entry = builder.block
+    loop = builder.append_basic_block("micro.loop")
+    done = builder.append_basic_block("micro.done")
+    builder.cbranch(builder.icmp_signed(">", kdim, const(0)), loop, done)
+
+    builder.position_at_end(loop)
+    kk = builder.phi(i_ty)
+    kk.add_incoming(const(0), entry)
+    acc = []
+    for value in start:
+        phi = builder.phi(v_ty)
+        phi.add_incoming(value, entry)
+        acc.append(phi)
+    b_row = builder.add(b_off, builder.mul(kk, ldb))
+    b_vals = [
+        builder.load(vector_at(b_ptr, builder.add(b_row, const(j * width))), align=align)
+        for j in range(vectors)
+    ]
+    a_col = builder.add(a_off, builder.mul(kk, sa_k))
+    new = []
+    for i in range(rows):
+        scalar = builder.load(
+            builder.gep(a_ptr, [builder.add(a_col, builder.mul(sa_i, const(i)))])
+        )
+        if width > 1:
+            lane = builder.insert_element(
+                ir.Constant(v_ty, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0)
+            )
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
+            scalar = builder.shuffle_vector(lane, ir.Constant(v_ty, ir.Undefined), mask)
+        for j in range(vectors):
+            new.append(builder.call(fma, [scalar, b_vals[j], acc[i * vectors + j]]))
+    kk_next = builder.add(kk, const(1))
+    kk.add_incoming(kk_next, loop)
+    for phi, value in zip(acc, new):
+        phi.add_incoming(value, loop)
+    builder.cbranch(builder.icmp_signed("<", kk_next, kdim), loop, done)
+
+    builder.position_at_end(done)
+    final = []
+    for value, updated in zip(start, new):
+        phi = builder.phi(v_ty)
+        phi.add_incoming(value, entry)
+        phi.add_incoming(updated, loop)
+        final.append(phi)
+    if softmax:
+        final = _emit_shifted_exp(context, builder, signature, args, final, rows, vectors, width)
+    for (i, j), value in zip(tiles, final):
+        builder.store(value, c_slot(i, j), align=align)
+    return context.get_dummy_value()
+
+
+def _micro_kernel(rows, vectors, vector, accumulate, softmax=False):
     """An intrinsic for one micro-tile ``C[i, j] (+)= sum_kk A[i, kk] * B[kk, j]``.
 
     ``i < rows``; ``j < vectors * w`` where ``w`` is the number of elements in 32 bytes
@@ -159,7 +246,39 @@ def _micro_kernel(rows, vectors, vector, accumulate):
     ``accumulate``) and written once; every step is ``rows`` broadcasts, ``vectors``
     loads of B and ``rows * vectors`` ``llvm.fmuladd`` (a fused multiply-add where the
     CPU has one).
+
+    With ``softmax`` (no ``accumulate``, ``vector``, two vectors) the intrinsic takes
+    three more arguments, ``stats, s_off, lds``, and stores ``exp(C[i, j] - shift[j])``
+    instead of ``C``, adding it to ``total[j]`` and raising ``rise[j]`` to at least
+    ``C[i, j] - shift[j]``, where ``shift``, ``total`` and ``rise`` start at ``s_off``,
+    ``s_off + lds`` and ``s_off + 2 * lds`` in ``stats`` (see :func:`_emit_shifted_exp`).
     """
+    if softmax:
+
+        @intrinsic
+        def micro_softmax(
+            typingctx, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds
+        ):
+            arrays = (c, a, b, stats)
+            if not all(isinstance(x, types.Array) for x in arrays):
+                return None
+            if not all(x.dtype == c.dtype and x.layout == "C" for x in arrays):
+                return None
+            if c.dtype not in (types.float32, types.float64):
+                return None
+            intp = types.intp
+            sig = types.void(
+                c, intp, intp, a, intp, intp, intp, b, intp, intp, intp, stats, intp, intp
+            )
+
+            def codegen(context, builder, signature, args):
+                return _emit_product(
+                    context, builder, signature, args, rows, vectors, True, False, True
+                )
+
+            return sig, codegen
+
+        return micro_softmax
 
     @intrinsic
     def micro(typingctx, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):
@@ -174,93 +293,84 @@ def _micro_kernel(rows, vectors, vector, accumulate):
         sig = types.void(c, intp, intp, a, intp, intp, intp, b, intp, intp, intp)
 
         def codegen(context, builder, signature, args):
-            c_arr, c_off, ldc, a_arr, a_off, sa_i, sa_k, b_arr, b_off, ldb, kdim = args
-            c_ty, a_ty, b_ty = signature.args[0], signature.args[3], signature.args[7]
-            c_ptr = context.make_array(c_ty)(context, builder, c_arr).data
-            a_ptr = context.make_array(a_ty)(context, builder, a_arr).data
-            b_ptr = context.make_array(b_ty)(context, builder, b_arr).data
-            bits = c_ty.dtype.bitwidth
-            width = 256 // bits if vector else 1
-            f_ty = context.get_value_type(c_ty.dtype)
-            v_ty = ir.VectorType(f_ty, width) if width > 1 else f_ty
-            suffix = (f"v{width}" if width > 1 else "") + f"f{bits}"
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(v_ty, [v_ty] * 3), "llvm.fmuladd." + suffix
+            return _emit_product(
+                context, builder, signature, args, rows, vectors, vector, accumulate, False
             )
-            i_ty = context.get_value_type(intp)
-            align = bits // 8
-
-            def const(n):
-                return ir.Constant(i_ty, n)
-
-            def vector_at(ptr, offset):
-                return builder.bitcast(builder.gep(ptr, [offset]), v_ty.as_pointer())
-
-            def c_slot(i, j):
-                offset = builder.add(c_off, builder.add(builder.mul(ldc, const(i)), const(j)))
-                return vector_at(c_ptr, offset)
-
-            tiles = [(i, j * width) for i in range(rows) for j in range(vectors)]
-            zero = ir.Constant(v_ty, None)
-            start = [
-                builder.load(c_slot(i, j), align=align) if accumulate else zero for i, j in tiles
-            ]
-            entry = builder.block
-            loop = builder.append_basic_block("micro.loop")
-            done = builder.append_basic_block("micro.done")
-            builder.cbranch(builder.icmp_signed(">", kdim, const(0)), loop, done)
-
-            builder.position_at_end(loop)
-            kk = builder.phi(i_ty)
-            kk.add_incoming(const(0), entry)
-            acc = []
-            for value in start:
-                phi = builder.phi(v_ty)
-                phi.add_incoming(value, entry)
-                acc.append(phi)
-            b_row = builder.add(b_off, builder.mul(kk, ldb))
-            b_vals = [
-                builder.load(vector_at(b_ptr, builder.add(b_row, const(j * width))), align=align)
-                for j in range(vectors)
-            ]
-            a_col = builder.add(a_off, builder.mul(kk, sa_k))
-            new = []
-            for i in range(rows):
-                scalar = builder.load(
-                    builder.gep(a_ptr, [builder.add(a_col, builder.mul(sa_i, const(i)))])
-                )
-                if width > 1:
-                    lane = builder.insert_element(
-                        ir.Constant(v_ty, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0)
-                    )
-                    mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
-                    scalar = builder.shuffle_vector(lane, ir.Constant(v_ty, ir.Undefined), mask)
-                for j in range(vectors):
-                    new.append(builder.call(fma, [scalar, b_vals[j], acc[i * vectors + j]]))
-            kk_next = builder.add(kk, const(1))
-            kk.add_incoming(kk_next, loop)
-            for phi, value in zip(acc, new):
-                phi.add_incoming(value, loop)
-            builder.cbranch(builder.icmp_signed("<", kk_next, kdim), loop, done)
-
-            builder.position_at_end(done)
-            final = []
-            for value, updated in zip(start, new):
-                phi = builder.phi(v_ty)
-                phi.add_incoming(value, entry)
-                phi.add_incoming(updated, loop)
-                final.append(phi)
-            for (i, j), value in zip(tiles, final):
-                builder.store(value, c_slot(i, j), align=align)
-            return context.get_dummy_value()
 
         return sig, codegen
 
     return micro
 
 
+def _emit_shifted_exp(context, builder, signature, args, values, rows, vectors, width):
+    """The softmax epilogue of a micro-tile: ``values`` (``rows x vectors`` vectors of
+    scores) become ``exp(min(score - shift, SHIFT_SLACK))``; per column vector the sum
+    and the largest ``score - shift`` are updated in ``stats`` (layout in
+    :func:`_micro_kernel`). float32 uses the polynomial of :func:`_exp_nonpositive` on
+    the vectors; float64 calls ``llvm.exp``. A NaN score stays NaN in the exp and the sum.
+    """
+    s_arr, s_off, lds = args[11], args[12], args[13]
+    s_ty = signature.args[11]
+    s_ptr = context.make_array(s_ty)(context, builder, s_arr).data
+    f_ty = context.get_value_type(s_ty.dtype)
+    v_ty = ir.VectorType(f_ty, width)
+    bits = s_ty.dtype.bitwidth
+    align = bits // 8
+
+    def splat(x):
+        return ir.Constant(v_ty, [x] * width)
+
+    def slot(offset, j):
+        ptr = builder.gep(s_ptr, [builder.add(offset, ir.Constant(offset.type, j * width))])
+        return builder.bitcast(ptr, v_ty.as_pointer())
+
+    total_off = builder.add(s_off, lds)
+    rise_off = builder.add(total_off, lds)
+    shift = [builder.load(slot(s_off, j), align=align) for j in range(vectors)]
+    total = [builder.load(slot(total_off, j), align=align) for j in range(vectors)]
+    rise = [builder.load(slot(rise_off, j), align=align) for j in range(vectors)]
+    suffix = f"v{width}f{bits}"
+    fn = ir.FunctionType(v_ty, [v_ty])
+    fma = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(v_ty, [v_ty] * 3), "llvm.fmuladd." + suffix
+    )
+    out = []
+    for idx, value in enumerate(values):
+        j = idx % vectors
+        d = builder.fsub(value, shift[j])
+        rise[j] = builder.select(builder.fcmp_ordered(">", d, rise[j]), d, rise[j])
+        # "unordered or less": a NaN passes through
+        slack = splat(SHIFT_SLACK)
+        d = builder.select(builder.fcmp_unordered("<", d, slack), d, slack)
+        if bits == 32:
+            t = builder.fmul(d, splat(_LOG2E))
+            t = builder.select(builder.fcmp_unordered(">", t, splat(-126.0)), t, splat(-126.0))
+            floor = cgutils.get_or_insert_function(builder.module, fn, "llvm.floor." + suffix)
+            n = builder.call(floor, [t])
+            f = builder.fsub(t, n)
+            p = splat(_EXP2_POLY[0])
+            for coefficient in _EXP2_POLY[1:]:
+                p = builder.call(fma, [p, f, splat(coefficient)])
+            i_ty = ir.VectorType(ir.IntType(32), width)
+            exponent = builder.add(builder.fptosi(n, i_ty), ir.Constant(i_ty, [127] * width))
+            exponent = builder.shl(exponent, ir.Constant(i_ty, [23] * width))
+            e = builder.fmul(p, builder.bitcast(exponent, v_ty))
+        else:
+            exp = cgutils.get_or_insert_function(builder.module, fn, "llvm.exp." + suffix)
+            e = builder.call(exp, [d])
+        total[j] = builder.fadd(total[j], e)
+        out.append(e)
+    for j in range(vectors):
+        builder.store(total[j], slot(total_off, j), align=align)
+        builder.store(rise[j], slot(rise_off, j), align=align)
+    return out
+
+
 _score1, _score2, _score3, _score4, _score5, _score6 = (
     _micro_kernel(rows, 2, True, False) for rows in range(1, MICRO_ROWS + 1)
+)
+_softmax1, _softmax2, _softmax3, _softmax4, _softmax5, _softmax6 = (
+    _micro_kernel(rows, 2, True, False, softmax=True) for rows in range(1, MICRO_ROWS + 1)
 )
 _value1, _value2, _value3, _value4, _value5, _value6 = (
     _micro_kernel(rows, 2, True, True) for rows in range(1, MICRO_ROWS + 1)
@@ -294,6 +404,26 @@ def _score_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):
         _score2(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
     else:
         _score1(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
+
+
+@njit(cache=True)
+def _softmax_tile(
+    rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds
+):  # pragma: no cover - compiled
+    """``C = exp(A B - shift)`` with sums and rises, on ``rows`` (1 to 6) rows and two
+    vectors of columns."""
+    if rows == 6:
+        _softmax6(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
+    elif rows == 5:
+        _softmax5(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
+    elif rows == 4:
+        _softmax4(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
+    elif rows == 3:
+        _softmax3(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
+    elif rows == 2:
+        _softmax2(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
+    else:
+        _softmax1(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
 
 
 @njit(cache=True)
@@ -367,6 +497,27 @@ def _scores(k, k_row0, nk, qt, ld, nq, diagonal, dim, st):  # pragma: no cover -
             _score_tile(rows, st, j0 * ld + c0, ld, k, (k_row0 + j0) * dim, dim, 1, qt, c0, ld, dim)
 
 
+@njit(cache=True)
+def _scores_softmax(k, k_row0, nk, qt, ld, nq, dim, st, stats):  # pragma: no cover - compiled
+    """:func:`_scores` and :func:`_softmax_shifted` in one, for a chunk whose cells are
+    all in range: ``st[j, x] = exp(k[k_row0 + j] . qt[:, x] - shift[x])`` with the
+    exponent computed on the micro-tile's registers before they are stored.
+
+    ``stats`` holds ``shift``, ``total`` and ``rise`` at offsets 0, ``ld`` and ``2 ld``
+    (the caller sets them; ``total`` 0, ``rise`` -inf); on return ``total[x]`` is the
+    column sum and ``rise[x]`` the largest ``score - shift`` of column ``x``.
+    """
+    step = _micro_columns(st)
+    n_cols = (nq + step - 1) // step * step
+    for j0 in range(0, nk, MICRO_ROWS):
+        rows = min(MICRO_ROWS, nk - j0)
+        for c0 in range(0, n_cols, step):
+            _softmax_tile(
+                rows, st, j0 * ld + c0, ld, k, (k_row0 + j0) * dim, dim, 1, qt, c0, ld, dim,
+                stats, c0, ld,
+            )
+
+
 @njit(cache=True, fastmath=_FASTMATH)
 def _softmax_columns(
     st, ld, nq, nk, low, a, k0, row_max, row_sum, chunk_max, out, out_row0
@@ -415,6 +566,16 @@ def _softmax_columns(
 
 
 @njit(cache=True, fastmath=_FASTMATH)
+def _shifted_exp(score, shift, keep, slack, zero, lowest):  # pragma: no cover - compiled
+    """``(exp(score - shift) or zero, score - shift or lowest)`` as ``keep``; the exp's
+    argument is capped at ``slack``, so a cell beyond it cannot overflow (the caller sees
+    it in the returned rise and redoes the chunk)."""
+    d = score - shift
+    e = _exp_nonpositive(min(d, slack))
+    return (e if keep else zero), (d if keep else lowest)
+
+
+@njit(cache=True, fastmath=_FASTMATH)
 def _softmax_shifted(
     st, ld, nq, nk, low, a, k0, masked, shift, chunk_sum, chunk_over
 ):  # pragma: no cover - compiled
@@ -424,38 +585,76 @@ def _softmax_shifted(
     in range), sets ``chunk_sum[x]`` to the column sums, and returns the largest
     ``score - shift`` over the cells in range: the caller keeps the result only when it
     is at most :data:`SHIFT_SLACK` (for larger values, or NaN, the exps may overflow).
-    Indices are unsigned, as in :func:`_softmax_columns`.
+    Rows are taken four at a time, so the per-query shift, sum and rise are loaded and
+    stored once per four cells; indices are unsigned, as in :func:`_softmax_columns`.
     """
     zero = st.dtype.type(0.0)
     lowest = st.dtype.type(-np.inf)
+    bounds = (st.dtype.type(SHIFT_SLACK), zero, lowest)
     n = np.uintp(nq)
+    ldu = np.uintp(ld)
     for x in range(n):
         chunk_sum[x] = zero
         chunk_over[x] = lowest
-    if masked:
-        for j in range(nk):
-            key = low.dtype.type(k0 + j)
-            row = np.uintp(j * ld)
-            first = np.uintp(min(max(k0 + j - a, 0), nq))
-            for x in range(first):
-                st[row + x] = zero
-            for x in range(first, n):
-                d = st[row + x] - shift[x]
-                keep = low[x] <= key
-                chunk_over[x] = max(chunk_over[x], d if keep else lowest)
-                e = _exp_nonpositive(min(d, st.dtype.type(SHIFT_SLACK)))
-                e = e if keep else zero
-                st[row + x] = e
-                chunk_sum[x] += e
-    else:
-        for j in range(nk):
-            row = np.uintp(j * ld)
+    j = 0
+    while j + 4 <= nk:
+        r0 = np.uintp(j * ld)
+        r1 = r0 + ldu
+        r2 = r1 + ldu
+        r3 = r2 + ldu
+        if masked:
+            key0 = low.dtype.type(k0 + j)
+            key1 = low.dtype.type(k0 + j + 1)
+            key2 = low.dtype.type(k0 + j + 2)
+            key3 = low.dtype.type(k0 + j + 3)
+            f0 = np.uintp(min(max(k0 + j - a, 0), nq))
+            f1 = np.uintp(min(max(k0 + j + 1 - a, 0), nq))
+            f2 = np.uintp(min(max(k0 + j + 2 - a, 0), nq))
+            f3 = np.uintp(min(max(k0 + j + 3 - a, 0), nq))
+            for x in range(f0):
+                st[r0 + x] = zero
+                st[r1 + x] = zero
+                st[r2 + x] = zero
+                st[r3 + x] = zero
+            for x in range(f0, n):
+                sh = shift[x]
+                lo = low[x]
+                e0, d0 = _shifted_exp(st[r0 + x], sh, (lo <= key0) & (x >= f0), *bounds)
+                e1, d1 = _shifted_exp(st[r1 + x], sh, (lo <= key1) & (x >= f1), *bounds)
+                e2, d2 = _shifted_exp(st[r2 + x], sh, (lo <= key2) & (x >= f2), *bounds)
+                e3, d3 = _shifted_exp(st[r3 + x], sh, (lo <= key3) & (x >= f3), *bounds)
+                st[r0 + x] = e0
+                st[r1 + x] = e1
+                st[r2 + x] = e2
+                st[r3 + x] = e3
+                chunk_over[x] = max(chunk_over[x], max(max(d0, d1), max(d2, d3)))
+                chunk_sum[x] += (e0 + e1) + (e2 + e3)
+        else:
             for x in range(n):
-                d = st[row + x] - shift[x]
-                chunk_over[x] = max(chunk_over[x], d)
-                e = _exp_nonpositive(min(d, st.dtype.type(SHIFT_SLACK)))
-                st[row + x] = e
-                chunk_sum[x] += e
+                sh = shift[x]
+                e0, d0 = _shifted_exp(st[r0 + x], sh, True, *bounds)
+                e1, d1 = _shifted_exp(st[r1 + x], sh, True, *bounds)
+                e2, d2 = _shifted_exp(st[r2 + x], sh, True, *bounds)
+                e3, d3 = _shifted_exp(st[r3 + x], sh, True, *bounds)
+                st[r0 + x] = e0
+                st[r1 + x] = e1
+                st[r2 + x] = e2
+                st[r3 + x] = e3
+                chunk_over[x] = max(chunk_over[x], max(max(d0, d1), max(d2, d3)))
+                chunk_sum[x] += (e0 + e1) + (e2 + e3)
+        j += 4
+    while j < nk:
+        row = np.uintp(j * ld)
+        key = low.dtype.type(k0 + j)
+        first = np.uintp(min(max(k0 + j - a, 0), nq)) if masked else np.uintp(0)
+        for x in range(first):
+            st[row + x] = zero
+        for x in range(first, n):
+            e, d = _shifted_exp(st[row + x], shift[x], (low[x] <= key) | (not masked), *bounds)
+            st[row + x] = e
+            chunk_over[x] = max(chunk_over[x], d)
+            chunk_sum[x] += e
+        j += 1
     over = lowest
     for x in range(n):
         over = max(over, chunk_over[x])
@@ -715,6 +914,8 @@ def forward(
         chunk_max = np.empty(tile_q, dtype)
         saved_max = np.empty(tile_q, dtype)
         saved_over = np.empty(tile_q, dtype)
+        # shift, sum and rise of the fused softmax; padding columns keep shift 0
+        stats = np.zeros(3 * ld, dtype)
         low = np.empty(tile_q, np.int32)
         for i in range(offsets[bin_index], offsets[bin_index + 1]):
             task = order[i]
@@ -742,8 +943,10 @@ def forward(
                 while k1 > lowest:
                     k0 = max(lowest, k1 - tile_k)
                     nk = k1 - k0
-                    _scores(k, base + k0, nk, qt, ld, nq, a - k0, dim, st)
                     exact = k0 > a
+                    masked = k1 > a or highest > k0
+                    if masked:
+                        _scores(k, base + k0, nk, qt, ld, nq, a - k0, dim, st)
                     if not exact:
                         # every query has its own key here or in an earlier chunk: a query
                         # without a shift yet takes its own score
@@ -751,10 +954,22 @@ def forward(
                             saved_max[x] = row_max[x]
                             if row_max[x] == -np.inf:
                                 row_max[x] = st[(a + x - k0) * ld + x]
-                        masked = k1 > a or highest > k0
-                        over = _softmax_shifted(
-                            st, ld, nq, nk, low, a, k0, masked, row_max, chunk_max, saved_over
-                        )
+                        if masked:
+                            over = _softmax_shifted(
+                                st, ld, nq, nk, low, a, k0, True, row_max, chunk_max, saved_over
+                            )
+                        else:
+                            # all shifts are set: every query's own key came earlier
+                            for x in range(nq):
+                                stats[x] = row_max[x]
+                            for x in range(ld):
+                                stats[ld + x] = 0.0
+                                stats[2 * ld + x] = -np.inf
+                            _scores_softmax(k, base + k0, nk, qt, ld, nq, dim, st, stats)
+                            over = stats[2 * ld]
+                            for x in range(nq):
+                                chunk_max[x] = stats[ld + x]
+                                over = max(over, stats[2 * ld + x])
                         if over <= SHIFT_SLACK:
                             for x in range(nq):
                                 row_sum[x] += chunk_max[x]
