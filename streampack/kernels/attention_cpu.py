@@ -369,6 +369,70 @@ def _emit_shifted_exp(context, builder, signature, args, values, rows, vectors, 
 _score1, _score2, _score3, _score4, _score5, _score6 = (
     _micro_kernel(rows, 2, True, False) for rows in range(1, MICRO_ROWS + 1)
 )
+@intrinsic
+def _transpose_tile(typingctx, dst, dst_off, ldd, src, src_off, lds, scale):  # pragma: no cover
+    """``dst[dst_off + c * ldd + r] = scale * src[src_off + r * lds + c]`` for ``r, c < w``
+    (``w`` elements in 32 bytes: 8 float32, 4 float64): ``w`` vector loads, a transpose
+    in registers (LLVM picks the shuffles) and ``w`` vector stores."""
+    if not all(isinstance(x, types.Array) and x.layout == "C" for x in (dst, src)):
+        return None
+    if dst.dtype != src.dtype or dst.dtype not in (types.float32, types.float64):
+        return None
+    if scale != dst.dtype:
+        return None
+    intp = types.intp
+    sig = types.void(dst, intp, intp, src, intp, intp, scale)
+
+    def codegen(context, builder, signature, args):
+        d_arr, d_off, ldd, s_arr, s_off, lds, factor = args
+        d_ptr = context.make_array(signature.args[0])(context, builder, d_arr).data
+        s_ptr = context.make_array(signature.args[3])(context, builder, s_arr).data
+        bits = signature.args[0].dtype.bitwidth
+        width = 256 // bits
+        f_ty = context.get_value_type(signature.args[0].dtype)
+        v_ty = ir.VectorType(f_ty, width)
+        i_ty = context.get_value_type(intp)
+        i32 = ir.IntType(32)
+
+        def at(ptr, offset, stride, i):
+            index = builder.add(offset, builder.mul(stride, ir.Constant(i_ty, i)))
+            return builder.bitcast(builder.gep(ptr, [index]), v_ty.as_pointer())
+
+        rows = [builder.load(at(s_ptr, s_off, lds, r), align=bits // 8) for r in range(width)]
+        undefined = ir.Constant(v_ty, ir.Undefined)
+        lane = builder.insert_element(undefined, factor, ir.Constant(i32, 0))
+        zeros = ir.Constant(ir.VectorType(i32, width), [0] * width)
+        splat = builder.shuffle_vector(lane, undefined, zeros)
+        for c in range(width):
+            column = ir.Constant(v_ty, ir.Undefined)
+            for r in range(width):
+                element = builder.extract_element(rows[r], ir.Constant(i32, c))
+                column = builder.insert_element(column, element, ir.Constant(i32, r))
+            builder.store(builder.fmul(column, splat), at(d_ptr, d_off, ldd, c), align=bits // 8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def _transpose_scaled(q, row0, nq, scale, qt, ld):  # pragma: no cover - compiled
+    """``qt[d * ld + x] = scale * q[row0 + x, d]`` for ``x < nq``: whole ``w x w`` tiles
+    with :func:`_transpose_tile`, the ragged edges one element at a time."""
+    dim = q.shape[1]
+    w = 32 // q.itemsize
+    x_end = nq // w * w
+    d_end = dim // w * w
+    for x0 in range(0, x_end, w):
+        for d0 in range(0, d_end, w):
+            _transpose_tile(qt, d0 * ld + x0, ld, q, (row0 + x0) * dim + d0, dim, scale)
+    for d in range(d_end, dim):
+        for x in range(x_end):
+            qt[d * ld + x] = q[row0 + x, d] * scale
+    for x in range(x_end, nq):
+        for d in range(dim):
+            qt[d * ld + x] = q[row0 + x, d] * scale
+
+
 _softmax1, _softmax2, _softmax3, _softmax4, _softmax5, _softmax6 = (
     _micro_kernel(rows, 2, True, False, softmax=True) for rows in range(1, MICRO_ROWS + 1)
 )
@@ -928,10 +992,7 @@ def forward(
             while a < q1:
                 b, lowest = _next_block(starts[r], a, q1, tile_q)
                 nq = b - a
-                for d in range(dim):
-                    line = qt[d * ld : d * ld + nq]
-                    for x in range(nq):
-                        line[x] = q[base + a + x, d] * scale
+                _transpose_scaled(q, base + a, nq, scale, qt, ld)
                 highest = lowest
                 for x in range(nq):
                     row_max[x] = -np.inf
