@@ -258,7 +258,9 @@ def range_attention(
 
     n = rows * heads * capacity
     qf, kf, vf = (_flat(_host_float(name, x), n, dim) for name, x in floats.items())
-    out = np.zeros((n, dim), dtype)
+    # the kernel writes every row of out (zeros for inactive queries), in parallel;
+    # np.zeros would first clear the whole array on the calling thread
+    out = np.empty((n, dim), dtype)
     lse = np.full((rows * heads, capacity), -np.inf, dtype)
     if n:
         import numba

@@ -1,7 +1,8 @@
 """Range-aware attention on the CPU: Numba kernels, forward and backward.
 
 Pure functions over arrays. :mod:`streampack.kernels.attention` validates every input,
-allocates every output (``out``/``dq``/``dk``/``dv`` zeroed, ``lse`` filled with -inf)
+allocates every output (``dq``/``dk``/``dv`` zeroed, ``lse`` filled with -inf; ``out``
+uninitialised, the forward writes all of it)
 and plans the work; nothing here can fail on user data.
 
 Query ``q`` of row ``r`` (``q < valid[r]``) may use keys ``[starts[r, q], q]`` (rule
@@ -32,7 +33,8 @@ transposed once into ``qt`` (``scale * q``, ``[head_dim, queries]``); per chunk
 * online softmax over the columns of ``st`` (a max pass, rescaling of the running sum
   and output row where the max rose, then an exp pass that writes exactly 0 outside each
   query's range): the loops run across queries, so they vectorise;
-* ``out += P V`` straight into ``out`` (which arrives zeroed: no accumulator, no copy),
+* ``out += P V`` straight into ``out`` (the block's rows are zeroed when it starts: no
+  accumulator, no copy),
   by micro-tiles of 6 queries x 16 output columns that sum only the keys some of the
   six may see.
 
@@ -955,13 +957,15 @@ def _probability_chunk(p, dp, starts_row, a, c, lse_row, delta, scale):  # pragm
 def forward(
     q, k, v, starts, valid, scale, tile_q, tile_k, task_rh, task_q0, order, offsets, out, lse
 ):  # pragma: no cover - compiled
-    """Fill ``out`` and ``lse`` for every planned query tile (others stay 0 / -inf).
+    """Fill ``out`` and ``lse`` for every planned query tile; ``out`` is 0 and ``lse``
+    stays -inf on inactive queries.
 
     ``q, k, v, out``: ``[rows * heads * capacity, head_dim]`` C-contiguous views;
-    ``lse``: ``[rows * heads, capacity]``; ``out`` arrives zeroed and is the
-    accumulator. Per block, ``qt`` holds ``scale * q`` transposed (columns padded to a
-    whole micro-tile) and ``st[j, x]`` the score, then the probability, of key ``k0 + j``
-    for query ``a + x``.
+    ``lse``: ``[rows * heads, capacity]``. ``out`` may arrive uninitialised: a block's
+    rows are zeroed before they accumulate, and each bin zeroes the rows of inactive
+    queries of some ``(row, head)`` pairs. Per block, ``qt`` holds ``scale * q``
+    transposed (columns padded to a whole micro-tile) and ``st[j, x]`` the score, then
+    the probability, of key ``k0 + j`` for query ``a + x``.
     """
     capacity = starts.shape[1]
     heads = lse.shape[0] // starts.shape[0]
@@ -970,7 +974,12 @@ def forward(
     width = _micro_columns(q)
     ld = (tile_q + width - 1) // width * width
     n_bins = offsets.shape[0] - 1
+    n_rh = lse.shape[0]
     for bin_index in prange(n_bins):
+        # rows of inactive queries: no task writes them
+        for rh in range(bin_index, n_rh, n_bins):
+            r = rh // heads
+            out[rh * capacity + valid[r] : (rh + 1) * capacity] = 0.0
         qt = np.zeros(dim * ld, dtype)
         st = np.zeros(tile_k * ld, dtype)
         row_max = np.empty(tile_q, dtype)
@@ -993,6 +1002,7 @@ def forward(
                 b, lowest = _next_block(starts[r], a, q1, tile_q)
                 nq = b - a
                 _transpose_scaled(q, base + a, nq, scale, qt, ld)
+                out[base + a : base + b] = 0.0
                 highest = lowest
                 for x in range(nq):
                     row_max[x] = -np.inf
