@@ -476,3 +476,30 @@ def test_cpu_forward_matches_reference_on_every_column_path(dtype, dim, tiles):
     np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(ref_lse))
     finite = np.isfinite(ref_lse)
     np.testing.assert_allclose(lse[finite], ref_lse[finite], rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rise", [10.0, 80.0])
+@pytest.mark.parametrize("tiles", [None, (16, 16)])
+def test_cpu_forward_scores_far_above_a_querys_own_score(dtype, rise, tiles):
+    """The forward shifts each query's exps by its own score and redoes a chunk exactly
+    when a score rises more than ``SHIFT_SLACK`` above it: keys whose scores rise by
+    ``rise`` over everything else, one early in the segment (a chunk wholly in range)
+    and one inside a diagonal chunk, must give the reference's result either way."""
+    assert (rise < cpu_kernels.SHIFT_SLACK) == (rise == 10.0)
+    lengths = [[200], [30, 170]]
+    capacity, dim = 200, 16
+    starts, valid, permission = packed(capacity, lengths)
+    q, k, v, _ = random_inputs(len(lengths), 2, capacity, dim, dtype, seed=3)
+    u = np.ones(dim, dtype)
+    q += 2 * u  # every query points along u
+    scale = 1.0 / np.sqrt(dim)
+    for key in (3, 40, 130):
+        k[:, :, key] = rise * u / (2 * dim * scale)  # score about ``rise`` above the rest
+    out, lse = range_attention(q, k, v, starts, valid, _tiles=tiles)
+    ref_out, ref_lse = attention_forward(q, k, v, permission)
+    tol = 2e-5 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(out, ref_out, rtol=tol, atol=tol)
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isfinite(lse), finite)
+    np.testing.assert_allclose(lse[finite], ref_lse[finite], rtol=tol, atol=tol * rise)
