@@ -2,12 +2,13 @@
 
 Shapes: 8 rows x capacity 2048 x 4 heads x head_dim 64, float32. Rows are packed with
 ``pack_examples`` (next-fit) from documents of ``clip(lognormal(5, 1), 2, 2048)``
-tokens. Timed in one run: the Numba kernel (forward, backward), the numpy dense-mask
-reference (row by row, to bound its memory), and PyTorch CPU
+tokens. Timed in one run: the Numba kernel (forward, backward) and PyTorch CPU
 ``scaled_dot_product_attention`` with the equivalent boolean mask when PyTorch is
-installed. Also: the machine's float32 matmul rate (numpy, 2048^3) and the kernel's
-effective rate on the FLOPs of the permitted edges only — forward ``4 d`` per edge and
-head (scores and values), backward ``10 d`` (the scores recomputed, then dP, dV, dQ, dK).
+installed, taking turns (best of ``--repeats`` rounds each), then the numpy dense-mask
+reference (row by row, to bound its memory). Also: the machine's float32 matmul rate
+(numpy, 2048^3) and the kernel's effective rate on the FLOPs of the permitted edges
+only — forward ``4 d`` per edge and head (scores and values), backward ``10 d`` (the
+scores recomputed, then dP, dV, dQ, dK).
 
     python benchmarks/attention.py [--repeats 7] [--seed 0] [--skip-reference]
 """
@@ -48,13 +49,22 @@ def timed(fn: Any, repeats: int) -> tuple[float, Any]:
     The best, not the median: on a shared machine the other processes only ever add
     time, and every contender here is measured the same way.
     """
-    result = fn()
-    times = []
+    (best, result), = interleaved({"fn": fn}, repeats).values()
+    return best, result
+
+
+def interleaved(fns: dict[str, Any], repeats: int) -> dict[str, tuple[float, Any]]:
+    """``timed`` for several contenders at once, taking turns: one warm-up call each,
+    then ``repeats`` rounds in which each runs once. A slow spell on a shared machine
+    then falls on every contender alike instead of on whichever ran during it."""
+    results = {name: fn() for name, fn in fns.items()}
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), result
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            results[name] = fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {name: (best[name], results[name]) for name in fns}
 
 
 def matmul_gflops() -> float:
@@ -88,10 +98,20 @@ def main() -> None:
     report["machine"]["threads"] = numba.get_num_threads()
     report["machine"]["matmul_float32_gflops"] = round(matmul_gflops(), 1)
 
-    fwd_s, (out, lse) = timed(lambda: range_attention(q, k, v, starts, valid), args.repeats)
-    bwd_s, (dq, dk, dv) = timed(
-        lambda: range_attention_backward(q, k, v, out, lse, d_out, starts, valid), args.repeats
-    )
+    out, lse = range_attention(q, k, v, starts, valid)
+    contenders = {
+        "forward": lambda: range_attention(q, k, v, starts, valid),
+        "backward": lambda: range_attention_backward(q, k, v, out, lse, d_out, starts, valid),
+    }
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    else:
+        contenders |= sdpa_contenders(torch, q, k, v, d_out, permission)
+    times = interleaved(contenders, args.repeats)
+    fwd_s, (out, lse) = times["forward"]
+    bwd_s, (dq, dk, dv) = times["backward"]
     fwd_flops = 4 * HEAD_DIM * edges * HEADS
     bwd_flops = 10 * HEAD_DIM * edges * HEADS
     kernel = {
@@ -136,14 +156,10 @@ def main() -> None:
             "max_abs_diff_dk": float(np.abs(ref_dk - dk).max()),
         }
 
-    try:
-        import torch
-    except ImportError:
+    if torch is None:
         report["torch_sdpa_dense_mask"] = "PyTorch not installed (extra 'torch'); omitted"
     else:
-        report["torch_sdpa_dense_mask"] = torch_figures(
-            torch, q, k, v, d_out, permission, out, dq, active, fwd_s, bwd_s, args.repeats
-        )
+        report["torch_sdpa_dense_mask"] = torch_figures(torch, times, out, dq, active)
     report["summary"] = summary(report)
     print(json.dumps(report, indent=2))
 
@@ -167,14 +183,17 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def torch_figures(torch, q, k, v, d_out, permission, out, dq, active, fwd_s, bwd_s, repeats):
-    """SDPA with the dense boolean mask, timed the same way; fully masked rows give NaN
-    in PyTorch, so agreement is measured on active queries only."""
+def sdpa_contenders(torch, q, k, v, d_out, permission) -> dict[str, Any]:
+    """PyTorch SDPA with the dense boolean mask: a forward, and a forward + backward
+    step (autograd needs the forward; ``torch_figures`` subtracts it)."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
     tq, tk, tv, tg = (torch.from_numpy(x) for x in (q, k, v, d_out))
     mask = torch.from_numpy(permission)[:, None]
-    with torch.no_grad():
-        t_fwd, t_out = timed(lambda: sdpa(tq, tk, tv, attn_mask=mask), repeats)
+
+    def forward() -> Any:
+        with torch.no_grad():
+            return sdpa(tq, tk, tv, attn_mask=mask)
+
     leaves = [x.clone().requires_grad_(True) for x in (tq, tk, tv)]
 
     def step() -> Any:
@@ -184,8 +203,15 @@ def torch_figures(torch, q, k, v, d_out, permission, out, dq, active, fwd_s, bwd
         o.backward(tg)
         return leaves[0].grad
 
-    # The timed region includes the forward that autograd needs; subtract a forward.
-    t_step, t_dq = timed(step, repeats)
+    return {"sdpa_forward": forward, "sdpa_step": step}
+
+
+def torch_figures(torch, times, out, dq, active) -> dict[str, Any]:
+    """SDPA's times beside the kernel's; fully masked rows give NaN in PyTorch, so
+    agreement is measured on active queries only."""
+    fwd_s, bwd_s = times["forward"][0], times["backward"][0]
+    t_fwd, t_out = times["sdpa_forward"]
+    t_step, t_dq = times["sdpa_step"]
     t_bwd = max(t_step - t_fwd, 1e-9)
     sel = np.broadcast_to(active[:, None, :, None], out.shape)
     return {
