@@ -309,9 +309,6 @@ class TokenShardSource:
             s = int(involved[0])
             local = int(ids[0] - self._first[s])
             lo = int(self._offsets[s][local])
-            if self._tokens[s].dtype == np.int32:
-                # Already what a window holds: a read-only view of the map, no copy.
-                return np.asarray(self._tokens[s][lo : lo + total]), dtype_ok
             if self._dtype_ok[s]:
                 tokens[:] = self._tokens[s][lo : lo + total]
             else:
