@@ -307,11 +307,8 @@ class CompactBatch:
             return self
         from .kernels import pack_cpu as k
 
-        code, at = k.check_compact(
-            occ["row"], occ["start"], occ["stop"], occ["ordinal"], occ["segment"],
-            occ["range_start"], occ["range_stop"], tokens, self.rows, self.capacity,
-            self.binding.vocab_size,
-        )
+        code, at = k.check_compact(occ, tokens, self.rows, self.capacity,
+                                   self.binding.vocab_size)
         if code == k.COMPACT_OK:
             return self
         if code == k.COMPACT_TOKEN_COUNT:
@@ -344,8 +341,7 @@ class CompactBatch:
         shape = (self.rows, self.capacity)
         arrays = {name: np.empty(shape, dtype) for name, dtype in CELL_DTYPES.items()}
         valid_lengths = np.empty(self.rows, np.int32)
-        fill_compact(self.tokens, occ["row"], occ["start"], occ["stop"], occ["segment"],
-                     *arrays.values(), valid_lengths)
+        fill_compact(self.tokens, occ, *arrays.values(), valid_lengths)
         return PackedBatch(**arrays, valid_lengths=valid_lengths, occurrences=occ,
                            binding=self.binding)
 

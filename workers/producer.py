@@ -430,11 +430,8 @@ class Producer:
         if not np.array_equal(occurrences["ordinal"], np.arange(documents)):
             raise refuse(f"{len(occurrences)} occurrence records do not hold each of the "
                          f"window's {documents} documents exactly once, in order")
-        if not plan_matches_window(
-            occurrences["ordinal"], occurrences["range_start"], occurrences["range_stop"],
-            occurrences["source_id"], occurrences["example_id"], window.start, window.stop,
-            window.source_id, window.example_id,
-        ):
+        if not plan_matches_window(occurrences, window.start, window.stop, window.source_id,
+                                   window.example_id):
             raise refuse("the occurrences' ranges or source and example ids are not those "
                          "of the window's documents")
         if sizes.ndim != 1 or len(sizes) == 0 or (sizes <= 0).any() or sizes.sum() != documents:
@@ -705,9 +702,7 @@ class Producer:
         workers there, off the TCP stack."""
         # Load the kernels that check workers' plans before the first one arrives.
         examples, batch = warm_up_kernels()
-        occ = batch.occurrences
-        plan_matches_window(occ["ordinal"], occ["range_start"], occ["range_stop"],
-                            occ["source_id"], occ["example_id"], examples.start, examples.stop,
+        plan_matches_window(batch.occurrences, examples.start, examples.stop,
                             examples.source_id, examples.example_id)
         context = zmq.Context()
         workers = context.socket(zmq.ROUTER)

@@ -92,25 +92,28 @@ def fill_rows(
 
 @njit(cache=True)
 def fill_compact(
-    tokens, row, start, stop, segment,
+    tokens, occurrences,
     inputs, targets, segments, positions,
     input_valid, target_valid, loss_mask, segment_starts, valid_lengths,
 ):  # pragma: no cover - compiled
     """``fill_rows`` for a checked compact batch, straight from its occurrence records:
-    occurrence ``i`` fills columns ``start[i] .. stop[i]-1`` of row ``row[i]`` from the
-    next ``stop[i] - start[i] + 1`` tokens. One thread: a batch is small, and the
-    consumer that expands it has a trainer to feed on its other cores."""
+    occurrence ``i`` fills columns ``start .. stop-1`` of its row from the next
+    ``stop - start + 1`` tokens. One thread: a batch is small, and the consumer that
+    expands it has a trainer to feed on its other cores. The records come whole, not
+    as field views: a view of one record is C-contiguous, of more is strided, and each
+    layout would be another compiled (and cached) specialization."""
     base = 0
     i = 0
     for r in range(inputs.shape[0]):
         column = 0
-        while i < row.shape[0] and row[i] == r:
-            length = stop[i] - start[i]
-            _write_example(tokens, base, length, r, start[i], segment[i], inputs, targets,
-                           segments, positions, input_valid, target_valid, loss_mask,
-                           segment_starts)
+        while i < occurrences.shape[0] and occurrences[i].row == r:
+            record = occurrences[i]
+            length = record.stop - record.start
+            _write_example(tokens, base, length, r, record.start, record.segment, inputs,
+                           targets, segments, positions, input_valid, target_valid,
+                           loss_mask, segment_starts)
             base += length + 1
-            column = stop[i]
+            column = record.stop
             i += 1
         valid_lengths[r] = column
         _write_padding(r, column, inputs, targets, segments, positions, input_valid,
@@ -133,37 +136,38 @@ COMPACT_SEGMENT, COMPACT_RANGE, COMPACT_TOKEN_COUNT, COMPACT_VOCABULARY = 5, 6, 
 
 
 @njit(cache=True)
-def check_compact(
-    row, start, stop, ordinal, segment, range_start, range_stop, tokens, rows, capacity,
-    vocab_size,
-):  # pragma: no cover - compiled
+def check_compact(occurrences, tokens, rows, capacity, vocab_size):  # pragma: no cover
     """One pass over a compact batch from elsewhere: ``(COMPACT_OK, 0)`` or the first
     broken rule as ``(code, index)`` — the occurrence (or token) that breaks it.
 
     What it proves is what the fill relies on: rows run ``0 .. rows-1`` without a gap,
     each occurrence starts where the one before it in its row ended and stays inside
     the row, and the tokens are exactly the ranges' tokens, inside the vocabulary.
+    (Records whole, not field views: see :func:`fill_compact`.)
     """
-    n = row.shape[0]
+    n = occurrences.shape[0]
     total = 0
+    first_ordinal = occurrences[0].ordinal if n > 0 else 0
     for i in range(n):
-        expected_row = 0 if i == 0 else row[i - 1]
-        if not (row[i] == expected_row or (i > 0 and row[i] == expected_row + 1)):
+        record = occurrences[i]
+        expected_row = 0 if i == 0 else occurrences[i - 1].row
+        if not (record.row == expected_row or (i > 0 and record.row == expected_row + 1)):
             return COMPACT_ROWS, i
-        if i == n - 1 and row[i] != rows - 1:
+        if i == n - 1 and record.row != rows - 1:
             return COMPACT_ROWS, i
-        expected_start = 0 if i == 0 or row[i] != row[i - 1] else stop[i - 1]
-        if start[i] != expected_start:
+        new_row = i == 0 or record.row != occurrences[i - 1].row
+        expected_start = 0 if new_row else occurrences[i - 1].stop
+        if record.start != expected_start:
             return COMPACT_START, i
-        if not start[i] < stop[i] <= capacity:
+        if not record.start < record.stop <= capacity:
             return COMPACT_COLUMNS, i
-        if ordinal[i] != ordinal[0] + i or ordinal[i] < 0 or ordinal[i] >= 2**31:
+        if record.ordinal != first_ordinal + i or record.ordinal < 0 or record.ordinal >= 2**31:
             return COMPACT_ORDINAL, i
-        if segment[i] != ordinal[i]:
+        if record.segment != record.ordinal:
             return COMPACT_SEGMENT, i
-        if range_stop[i] - range_start[i] != stop[i] - start[i] + 1:
+        if record.range_stop - record.range_start != record.stop - record.start + 1:
             return COMPACT_RANGE, i
-        total += stop[i] - start[i] + 1
+        total += record.stop - record.start + 1
     if total != tokens.shape[0]:
         return COMPACT_TOKEN_COUNT, total
     # A min/max reduction vectorises; a loop with an early exit does not (10x slower).
@@ -182,16 +186,18 @@ def check_compact(
 
 @njit(cache=True)
 def plan_matches_window(
-    ordinal, range_start, range_stop, source_id, example_id, start, stop, window_source_id,
-    window_example_id,
+    occurrences, start, stop, window_source_id, window_example_id
 ):  # pragma: no cover - compiled
-    """True when occurrence ``i`` is the window's document ``ordinal[i]`` — same range,
-    same identities — for every ``i``, and ordinals index the window."""
-    for i in range(ordinal.shape[0]):
-        d = ordinal[i]
+    """True when occurrence ``i`` is the window's document ``ordinal`` — same range,
+    same identities — for every ``i``, and ordinals index the window. (Records whole,
+    not field views: see :func:`fill_compact`.)"""
+    for i in range(occurrences.shape[0]):
+        record = occurrences[i]
+        d = record.ordinal
         if not 0 <= d < start.shape[0]:
             return False
-        if (range_start[i] != start[d] or range_stop[i] != stop[d]
-                or source_id[i] != window_source_id[d] or example_id[i] != window_example_id[d]):
+        if (record.range_start != start[d] or record.range_stop != stop[d]
+                or record.source_id != window_source_id[d]
+                or record.example_id != window_example_id[d]):
             return False
     return True
