@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -267,7 +267,7 @@ class CompactBatch:
     Occurrence ``i`` contributes ``stop - start + 1`` tokens to ``tokens`` (its whole
     selected range; int32, or uint16 when the vocabulary fits, as the service sends
     them); ``expand()`` writes the cells exactly as ``pack_examples`` does.
-    This is about 4 bytes per cell instead of 23, so it is what travels between
+    This is 2 to 4 bytes per cell instead of 23, so it is what travels between
     processes. ``checked()`` validates one that arrived from elsewhere, so that the
     compiled fill can never read or write outside its arrays.
     """
@@ -288,7 +288,7 @@ class CompactBatch:
         """Raise ``InvalidArray`` unless this is a batch ``pack_compact`` could have made."""
         occ, tokens = self.occurrences, self.tokens
 
-        def fail(what: str) -> None:
+        def fail(what: str) -> NoReturn:
             raise InvalidArray(f"compact batch rejected: {what}")
 
         if not (isinstance(self.rows, int) and isinstance(self.capacity, int)):
@@ -329,7 +329,6 @@ class CompactBatch:
         record = {name: int(occ[name][at]) for name in
                   ("row", "start", "stop", "ordinal", "segment", "range_start", "range_stop")}
         fail(f"{rule}; occurrence {at} has {record}")
-        return self
 
     def expand(self) -> PackedBatch:
         """The full ``PackedBatch``: every cell written once by the compiled fill."""

@@ -238,16 +238,17 @@ def plan_compact(
 def select_tokens(
     tokens: np.ndarray, offsets: np.ndarray, doc: np.ndarray, start: np.ndarray,
     stop: np.ndarray,
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
     """The tokens of ranges ``[start[i], stop[i])`` of documents ``doc[i]``, concatenated
-    in order: the ``tokens`` of a compact batch holding exactly those ranges. Keeps
-    uint16 tokens uint16; any other dtype becomes int32."""
+    in order — the ``tokens`` of a compact batch holding exactly those ranges — and
+    where each range begins in them (plus the total). Keeps uint16 tokens uint16; any
+    other dtype becomes int32."""
     out_offsets = np.zeros(len(doc) + 1, np.int64)
     np.cumsum(stop - start, out=out_offsets[1:])
     dtype = np.uint16 if tokens.dtype == np.uint16 else np.int32
     out = np.empty(int(out_offsets[-1]), dtype)
     gather_ranges(tokens, offsets, doc, start, stop, out_offsets, out)
-    return out
+    return out, out_offsets
 
 
 def compact_batches(
@@ -255,10 +256,8 @@ def compact_batches(
     capacity: int,
 ) -> list[CompactBatch]:
     """The compact batches of a plan from :func:`plan_compact`, tokens gathered."""
-    selected = select_tokens(examples.tokens, examples.offsets, examples.doc, examples.start,
-                             examples.stop)
-    token_offsets = np.zeros(len(examples) + 1, np.int64)
-    np.cumsum(examples.stop - examples.start, out=token_offsets[1:])
+    selected, token_offsets = select_tokens(examples.tokens, examples.offsets, examples.doc,
+                                            examples.start, examples.stop)
     ends = np.cumsum(sizes)
     return [
         CompactBatch(

@@ -134,8 +134,10 @@ class Window:
 
         if self.whole_documents:
             return self.tokens[self.offsets[first] : self.offsets[last]].copy()
-        return select_tokens(self.tokens, self.offsets, np.arange(first, last, dtype=np.int64),
-                             self.start[first:last], self.stop[first:last])
+        tokens, _ = select_tokens(self.tokens, self.offsets,
+                                  np.arange(first, last, dtype=np.int64),
+                                  self.start[first:last], self.stop[first:last])
+        return tokens
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The window frames of the wire protocol, in order."""

@@ -74,7 +74,7 @@ _MAP = "map"
 _FLOAT = "float"
 
 # A batch travels compact (``streampack.CompactBatch``): its occurrence records and the
-# selected tokens, about 4 bytes per cell; the receiver expands it into the 23 bytes per
+# selected tokens, 2 to 4 bytes per cell; the receiver expands it into the 23 bytes per
 # cell of a ``PackedBatch``. From a worker only the plans travel, a whole window's in
 # one message: the producer cut the window, so it already holds every token a plan
 # selects (version 3; version 2 sent the tokens back, batch by batch, as well — a third

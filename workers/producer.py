@@ -438,7 +438,8 @@ class Producer:
             raise refuse(f"batch sizes {sizes.tolist()[:8]}... must be positive and add up "
                          f"to the window's {documents} documents")
         batches = []
-        for first, last in zip((np.cumsum(sizes) - sizes).tolist(), np.cumsum(sizes).tolist()):
+        ends = np.cumsum(sizes)
+        for first, last in zip((ends - sizes).tolist(), ends.tolist()):
             rows = int(occurrences["row"][last - 1]) + 1
             if rows > self.settings.max_rows_per_batch:
                 raise refuse(f"batch {len(batches)} has {rows} rows; max_rows_per_batch is "

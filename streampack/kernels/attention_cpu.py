@@ -971,7 +971,8 @@ def _probability_chunk(p, dp, starts_row, a, c, lse_row, delta, scale):  # pragm
 
     On entry ``p`` holds ``q . k`` and ``dp`` holds ``dO . v`` for query ``a + x`` and
     key ``c + j``; on exit ``dp`` is ``scale * p * (dp - D)``, the scaled score gradient.
-    Row slices from index 0, as in :func:`_softmax_chunk`.
+    The loops run over row slices from index 0: indexing from a computed start makes
+    Numba check for negative indices on every access, which keeps LLVM from vectorising.
     """
     nq = p.shape[0]
     for x in range(nq):
