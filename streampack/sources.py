@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from streampack.errors import InvalidConfig
+from streampack.wire import token_dtype
 
 MANIFEST_FORMAT = "streampack-corpus"
 MANIFEST_VERSION = 1
@@ -102,7 +103,7 @@ class Window:
     epoch: int
     index: int
     documents: int  # documents the window covers, quarantined ones included
-    tokens: np.ndarray  # the surviving documents concatenated (int32; int64 from uint32 shards)
+    tokens: np.ndarray  # the surviving documents concatenated, in wire.token_dtype(vocab)
     offsets: np.ndarray  # int64, len(surviving) + 1
     start: np.ndarray  # int64 per surviving document: its selected range
     stop: np.ndarray
@@ -291,31 +292,28 @@ class TokenShardSource:
     def gather(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tokens of documents ``ids`` concatenated in that order, and dtype flags.
 
-        Returns ``(tokens, dtype_ok)``. Tokens come back as int32 when every shard
-        involved holds int32 or uint16 (the common case: one copy out of the memory map),
-        as int64 when a uint32 shard is involved (its values may not fit int32; the
-        vocabulary screen catches those). ``dtype_ok[i]`` is False for documents of a
-        shard whose dtype is not int32/uint16/uint32; their tokens come back as zeros.
+        Returns ``(tokens, dtype_ok)``. A run of consecutive documents of one shard (the
+        common case) comes back as a read-only view of the memory map, in the shard's
+        dtype: the screen reads it and makes the window's own copy. Otherwise tokens
+        come back as int32 when every shard involved holds int32 or uint16, as int64
+        when a uint32 shard is involved (its values may not fit int32; the vocabulary
+        screen catches those). ``dtype_ok[i]`` is False for documents of a shard whose
+        dtype is not int32/uint16/uint32; their tokens come back as zeros.
         """
         total = int(lengths.sum())
         shard = self._locate(ids)
         involved = self._shards_of(shard)
         wide = any(self._tokens[s].dtype.kind == "u" and self._tokens[s].dtype.itemsize == 4
                    for s in involved)
-        tokens = np.empty(total, dtype=np.int64 if wide else np.int32)
         dtype_ok = np.ones(len(ids), dtype=bool)
-        if total == 0:
-            return tokens, dtype_ok
-        if len(ids) and np.all(np.diff(ids) == 1) and len(involved) == 1:
-            # Contiguous run in one shard: one slice of the memory map.
+        if total and len(involved) == 1 and self._dtype_ok[int(involved[0])] \
+                and ids[-1] - ids[0] == len(ids) - 1 and np.all(np.diff(ids) == 1):
+            # Contiguous run in one shard: one slice of the memory map, not copied here.
             s = int(involved[0])
-            local = int(ids[0] - self._first[s])
-            lo = int(self._offsets[s][local])
-            if self._dtype_ok[s]:
-                tokens[:] = self._tokens[s][lo : lo + total]
-            else:
-                dtype_ok[:] = False
-                tokens[:] = 0
+            lo = int(self._offsets[s][int(ids[0] - self._first[s])])
+            return self._tokens[s][lo : lo + total], dtype_ok
+        tokens = np.empty(total, dtype=np.int64 if wide else np.int32)
+        if total == 0:
             return tokens, dtype_ok
         out_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         for s in involved:
@@ -453,12 +451,13 @@ def _cut(lengths: np.ndarray, spec: CutSpec) -> int:
 
 def _window_lengths(
     source: TokenShardSource, order: np.ndarray | None, position: int, end: int,
-    window_tokens: int,
+    window_tokens: int, first_chunk: int = 256,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Ids and lengths of documents ``position..end`` of the epoch's order, read in
-    doubling chunks only until ``window_tokens`` is passed: enough for ``_cut``, which
-    looks no further, and O(window) rather than O(window_documents) per window."""
-    chunk, total, hi = 256, 0, position
+    doubling chunks (from ``first_chunk``) only until ``window_tokens`` is passed:
+    enough for ``_cut``, which looks no further, and O(window) rather than
+    O(window_documents) per window."""
+    chunk, total, hi = first_chunk, 0, position
     id_parts, length_parts = [], []
     while hi < end and total <= window_tokens:
         lo, hi = hi, min(end, hi + chunk)
@@ -489,9 +488,12 @@ def _shard_windows(
     order = permutation(n, spec.seed, epoch) if spec.shuffle else None
     position = 0
     index = 0
+    k = 192
     while position < n:
         end = min(n, position + spec.window_documents)
-        ids, lengths = _window_lengths(source, order, position, end, spec.window_tokens)
+        # The last window's size is a good first guess: usually one read suffices.
+        ids, lengths = _window_lengths(source, order, position, end, spec.window_tokens,
+                                       first_chunk=k + k // 4 + 16)
         k = _cut(lengths, spec)
         ids, lengths = ids[:k], lengths[:k]
         position += k
@@ -508,8 +510,8 @@ def _shard_windows(
                 stops=lengths.copy(),
                 source_ids=ids,
                 example_ids=ids,
-                premarked=np.where(dtype_ok, None, "wrong_dtype"),
-                details=np.where(dtype_ok, "", "shard tokens are not int32/uint16/uint32"),
+                premarked=[(i, "wrong_dtype", "shard tokens are not int32/uint16/uint32")
+                           for i in np.flatnonzero(~dtype_ok).tolist()],
                 locate=source.location,
             )
         index += 1
@@ -563,8 +565,8 @@ def _jsonl_windows(
             stops=np.array([r.stop for r in held], dtype=np.int64),
             source_ids=np.array([r.source_id for r in held], dtype=np.int64),
             example_ids=np.array([r.example_id for r in held], dtype=np.int64),
-            premarked=np.array([r.reason for r in held], dtype=object),
-            details=np.array([r.detail for r in held], dtype=object),
+            premarked=[(i, r.reason, r.detail) for i, r in enumerate(held)
+                       if r.reason is not None],
             locate=by_id.__getitem__,
         )
 
@@ -602,47 +604,44 @@ def _screen(
     stops: np.ndarray,
     source_ids: np.ndarray,
     example_ids: np.ndarray,
-    premarked: np.ndarray,
-    details: np.ndarray,
+    premarked: list[tuple[int, str, str]],
     locate: Any,
 ) -> Window:
-    """Quarantine the bad documents of one window, vectorized; keep the rest in order."""
-    count = len(lengths)
-    reason = np.array(premarked, dtype=object)
-    detail = np.array(details, dtype=object)
-    open_ = reason == None  # noqa: E711 - elementwise comparison on an object array
-    doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    span = stops - starts
+    """Quarantine the bad documents of one window, vectorized; keep the rest in order.
 
-    # Vocabulary: per-document min and max over the whole document, nonempty ones only;
-    # computed only when the window as a whole has a token outside the vocabulary.
-    lo = np.zeros(count, dtype=np.int64)
-    hi = np.zeros(count, dtype=np.int64)
+    ``premarked`` lists documents already known bad as (position, reason, detail). A
+    clean window (the usual case) costs a few whole-window array operations: the
+    per-document reasons are worked out only when something is bad."""
+    span = stops - starts
+    too_short = span < 2
+    too_long = span > capacity + 1
+    # Vocabulary: per-document min and max only when the window as a whole has a token
+    # outside the vocabulary.
+    out_of_vocabulary = None
     if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         nonempty = np.flatnonzero(lengths > 0)
+        lo = np.zeros(len(lengths), dtype=np.int64)
+        hi = np.zeros(len(lengths), dtype=np.int64)
         lo[nonempty] = np.minimum.reduceat(tokens, doc_starts[nonempty])
         hi[nonempty] = np.maximum.reduceat(tokens, doc_starts[nonempty])
-    checks = (
-        ("too_short", span < 2, lambda i: f"range has {span[i]} token(s); at least 2 needed"),
-        (
-            "too_long",
-            span > capacity + 1,
-            lambda i: f"range has {span[i]} tokens; at most capacity + 1 = {capacity + 1} fit",
-        ),
-        (
-            "out_of_vocabulary",
-            (lo < 0) | (hi >= vocab_size),
-            lambda i: f"tokens span [{lo[i]}, {hi[i]}]; vocabulary is [0, {vocab_size})",
-        ),
-    )
-    for name, bad, describe in checks:
-        hits = np.flatnonzero(open_ & bad)
-        for i in hits:
-            reason[i] = name
-            detail[i] = describe(i)
-        open_[hits] = False
+        out_of_vocabulary = (lo < 0) | (hi >= vocab_size)
 
-    keep = open_
+    reasons: dict[int, tuple[str, str]] = {i: (reason, detail) for i, reason, detail in premarked}
+    if too_short.any() or too_long.any() or out_of_vocabulary is not None:
+        checks = (
+            ("too_short", too_short, lambda i: f"range has {span[i]} token(s); at least 2 needed"),
+            ("too_long", too_long,
+             lambda i: f"range has {span[i]} tokens; at most capacity + 1 = {capacity + 1} fit"),
+            ("out_of_vocabulary", out_of_vocabulary,
+             lambda i: f"tokens span [{lo[i]}, {hi[i]}]; vocabulary is [0, {vocab_size})"),
+        )
+        for name, bad, describe in checks:
+            if bad is None:
+                continue
+            for i in np.flatnonzero(bad).tolist():
+                if i not in reasons:
+                    reasons[i] = (name, describe(i))
     quarantined = [
         {
             "epoch": epoch,
@@ -650,27 +649,33 @@ def _screen(
             "source_id": int(source_ids[i]),
             "example_id": int(example_ids[i]),
             "location": locate(int(source_ids[i])),
-            "reason": str(reason[i]),
-            "detail": str(detail[i]),
+            "reason": reason,
+            "detail": detail,
         }
-        for i in np.flatnonzero(~keep)
+        for i, (reason, detail) in sorted(reasons.items())
     ]
-    kept_lengths = lengths[keep]
-    if keep.all():
-        kept_tokens = tokens
+    if reasons:
+        keep = np.ones(len(lengths), dtype=bool)
+        keep[list(reasons)] = False
+        kept_lengths = lengths[keep]
+        tokens = tokens[np.repeat(keep, lengths)]
+        starts, stops = starts[keep], stops[keep]
+        source_ids, example_ids = source_ids[keep], example_ids[keep]
     else:
-        mask = np.repeat(keep, lengths)
-        kept_tokens = tokens[mask]
-    offsets = np.concatenate([[0], np.cumsum(kept_lengths)]).astype(np.int64)
+        kept_lengths = lengths
+    offsets = np.zeros(len(kept_lengths) + 1, np.int64)
+    np.cumsum(kept_lengths, out=offsets[1:])
     return Window(
         epoch=epoch,
         index=index,
-        documents=count,
-        tokens=kept_tokens.astype(np.int32, copy=False),
+        documents=len(lengths),
+        # Always a fresh array (never a read-only view of a memory map), in the dtype
+        # tokens travel in: uint16 halves every byte moved when the vocabulary fits.
+        tokens=tokens.astype(token_dtype(vocab_size)),
         offsets=offsets,
-        start=starts[keep].astype(np.int64),
-        stop=stops[keep].astype(np.int64),
-        source_id=source_ids[keep].astype(np.int64),
-        example_id=example_ids[keep].astype(np.int64),
+        start=starts.astype(np.int64, copy=False),
+        stop=stops.astype(np.int64, copy=False),
+        source_id=source_ids.astype(np.int64, copy=False),
+        example_id=example_ids.astype(np.int64, copy=False),
         quarantined=quarantined,
     )

@@ -161,10 +161,15 @@ def frame_dtype(code: str) -> np.dtype:
     return dtype
 
 
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest frame dtype of tokens in ``0..vocab_size-1``: uint16 when the
+    vocabulary fits, else int32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
+
+
 def narrow_tokens(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """``tokens`` (all in ``0..vocab_size-1``) in their smallest frame dtype: uint16
-    when the vocabulary fits, else int32."""
-    dtype = np.uint16 if vocab_size <= 1 << 16 else np.int32
+    """``tokens`` (all in ``0..vocab_size-1``) in :func:`token_dtype`."""
+    dtype = token_dtype(vocab_size)
     return tokens if tokens.dtype == dtype else tokens.astype(dtype)
 
 

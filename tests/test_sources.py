@@ -76,7 +76,7 @@ def test_windows_span_shards_and_keep_corpus_positions(tmp_path):
     (window,) = iter_windows(source, 0, CutSpec(capacity=8, window_documents=9, window_tokens=99))
     np.testing.assert_array_equal(window.source_id, [0, 1, 2])
     np.testing.assert_array_equal(window.tokens, doc(3) + doc(4) + doc(5))
-    assert window.tokens.dtype == np.int32
+    assert window.tokens.dtype == np.uint16  # the wire dtype: the vocabulary fits 16 bits
 
 
 def test_shuffle_is_a_permutation_of_seed_and_epoch(tmp_path):

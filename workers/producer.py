@@ -187,10 +187,6 @@ class Producer:
                 self._reset_cutter(self.cut_epoch, self.cut_next)
             window = next(self._cutter, None)
             if window is not None:
-                # Screened, so every token is in the vocabulary: uint16 halves the bytes
-                # of this window and of every batch taken from it, whenever it fits.
-                window = dataclasses.replace(
-                    window, tokens=wire.narrow_tokens(window.tokens, self.binding.vocab_size))
                 self.cut_next = window.index + 1
                 self._record_quarantine(window)
                 return window
