@@ -14,7 +14,7 @@ Several examples may select the same document, even the same range (rule C3).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,7 +60,8 @@ class Binding:
         }
 
 
-def _integer_column(name: str, values: object, dtype: type) -> np.ndarray:
+def integer_column(name: str, values: object, dtype: type) -> np.ndarray:
+    """``values`` as a contiguous 1-D ``dtype`` column, or ``InvalidExample`` naming it."""
     array = np.asarray(values)
     if array.ndim != 1:
         raise InvalidExample(f"{name} must be one-dimensional, got shape {array.shape}")
@@ -96,69 +97,23 @@ class Examples:
 
     def __post_init__(self) -> None:
         put = object.__setattr__
-        put(self, "tokens", _integer_column("tokens", self.tokens, np.int32))
-        put(self, "offsets", _integer_column("offsets", self.offsets, np.int64))
+        put(self, "tokens", integer_column("tokens", self.tokens, np.int32))
+        put(self, "offsets", integer_column("offsets", self.offsets, np.int64))
         for name in ("doc", "start", "stop"):
-            put(self, name, _integer_column(name, getattr(self, name), np.int64))
+            put(self, name, integer_column(name, getattr(self, name), np.int64))
         count = self.doc.shape[0]
         for name in ("source_id", "example_id"):
             values = getattr(self, name)
             put(self, name, np.arange(count, dtype=np.int64) if values is None
-                else _integer_column(name, values, np.int64))
+                else integer_column(name, values, np.int64))
         for name in ("start", "stop", "source_id", "example_id"):
             if getattr(self, name).shape[0] != count:
                 raise InvalidExample(
                     f"{name} has {getattr(self, name).shape[0]} entries but doc has {count}; "
                     "every per-example column needs one entry per example"
                 )
-        self._check_offsets()
-        self._check_ranges()
-
-    def _check_offsets(self) -> None:
-        offsets = self.offsets
-        if offsets.shape[0] < 1 or offsets[0] != 0:
-            raise InvalidExample(
-                f"offsets must start with 0 and have documents+1 entries, got {offsets[:3]!r}..."
-            )
-        if offsets[-1] != self.tokens.shape[0]:
-            raise InvalidExample(
-                f"offsets end at {int(offsets[-1])} but tokens has {self.tokens.shape[0]} entries; "
-                "the last offset must equal len(tokens)"
-            )
-        falling = np.flatnonzero(np.diff(offsets) < 0)
-        if falling.size:
-            d = int(falling[0])
-            raise InvalidExample(
-                f"offsets decrease at document {d}: {int(offsets[d])} -> {int(offsets[d + 1])}; "
-                "offsets must be non-decreasing"
-            )
-
-    def _check_ranges(self) -> None:
-        documents = self.offsets.shape[0] - 1
-        bad_doc = (self.doc < 0) | (self.doc >= documents)
-        if bad_doc.any():
-            i = int(np.flatnonzero(bad_doc)[0])
-            raise InvalidExample(
-                f"{self.describe(i)}: doc={int(self.doc[i])} does not exist; "
-                f"accepted: 0..{documents - 1}"
-            )
-        doc_length = self.offsets[self.doc + 1] - self.offsets[self.doc]
-        bad_range = (self.start < 0) | (self.stop > doc_length) | (self.start > self.stop)
-        if bad_range.any():
-            i = int(np.flatnonzero(bad_range)[0])
-            raise InvalidExample(
-                f"{self.describe(i)}: range [{int(self.start[i])}, {int(self.stop[i])}) lies "
-                f"outside its document of {int(doc_length[i])} tokens; "
-                f"accepted: 0 <= start <= stop <= {int(doc_length[i])}"
-            )
-        short = (self.stop - self.start) < 2
-        if short.any():
-            i = int(np.flatnonzero(short)[0])
-            raise InvalidExample(
-                f"{self.describe(i)}: range [{int(self.start[i])}, {int(self.stop[i])}) has "
-                f"{int(self.stop[i] - self.start[i])} token(s); an example needs at least 2 "
-                "tokens to form one input-target pair"
-            )
+        check_offsets(self.offsets, self.tokens.shape[0])
+        check_ranges(self.offsets, self.doc, self.start, self.stop, self.describe)
 
     @classmethod
     def from_documents(
@@ -222,10 +177,7 @@ class Examples:
 
     def describe(self, i: int) -> str:
         """How error messages name example ``i``."""
-        return (
-            f"example {i} (source_id {int(self.source_id[i])}, "
-            f"example_id {int(self.example_id[i])})"
-        )
+        return describe_example(i, self.source_id, self.example_id)
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Every token of every selected range must lie in ``[0, vocab_size)``.
@@ -251,3 +203,59 @@ class Examples:
                     f"accepted: 0..{vocab_size - 1}"
                 )
         # Out-of-vocabulary tokens outside every selected range are never read.
+
+
+def describe_example(i: int, source_id: np.ndarray, example_id: np.ndarray) -> str:
+    """How error messages name example ``i``."""
+    return f"example {i} (source_id {int(source_id[i])}, example_id {int(example_id[i])})"
+
+
+def check_offsets(offsets: np.ndarray, token_count: int) -> None:
+    """Document boundaries: start at 0, never decrease, end at ``token_count``."""
+    if offsets.shape[0] < 1 or offsets[0] != 0:
+        raise InvalidExample(
+            f"offsets must start with 0 and have documents+1 entries, got {offsets[:3]!r}..."
+        )
+    if offsets[-1] != token_count:
+        raise InvalidExample(
+            f"offsets end at {int(offsets[-1])} but tokens has {token_count} entries; "
+            "the last offset must equal len(tokens)"
+        )
+    falling = np.flatnonzero(np.diff(offsets) < 0)
+    if falling.size:
+        d = int(falling[0])
+        raise InvalidExample(
+            f"offsets decrease at document {d}: {int(offsets[d])} -> {int(offsets[d + 1])}; "
+            "offsets must be non-decreasing"
+        )
+
+
+def check_ranges(
+    offsets: np.ndarray, doc: np.ndarray, start: np.ndarray, stop: np.ndarray,
+    describe: Callable[[int], str],
+) -> None:
+    """Every example selects an existing document's range of at least 2 tokens (C1)."""
+    documents = offsets.shape[0] - 1
+    bad_doc = (doc < 0) | (doc >= documents)
+    if bad_doc.any():
+        i = int(np.flatnonzero(bad_doc)[0])
+        raise InvalidExample(
+            f"{describe(i)}: doc={int(doc[i])} does not exist; accepted: 0..{documents - 1}"
+        )
+    doc_length = offsets[doc + 1] - offsets[doc]
+    bad_range = (start < 0) | (stop > doc_length) | (start > stop)
+    if bad_range.any():
+        i = int(np.flatnonzero(bad_range)[0])
+        raise InvalidExample(
+            f"{describe(i)}: range [{int(start[i])}, {int(stop[i])}) lies "
+            f"outside its document of {int(doc_length[i])} tokens; "
+            f"accepted: 0 <= start <= stop <= {int(doc_length[i])}"
+        )
+    short = (stop - start) < 2
+    if short.any():
+        i = int(np.flatnonzero(short)[0])
+        raise InvalidExample(
+            f"{describe(i)}: range [{int(start[i])}, {int(stop[i])}) has "
+            f"{int(stop[i] - start[i])} token(s); an example needs at least 2 "
+            "tokens to form one input-target pair"
+        )

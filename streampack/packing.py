@@ -26,6 +26,7 @@ Byte counts use Python integers, which cannot overflow.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,7 +47,14 @@ from .errors import (
     MetadataBudgetError,
     OversizedExample,
 )
-from .examples import Binding, Examples
+from .examples import (
+    Binding,
+    Examples,
+    check_offsets,
+    check_ranges,
+    describe_example,
+    integer_column,
+)
 from .kernels.pack_cpu import fill_rows, gather_ranges, plan_next_fit
 
 _INT64 = np.dtype(np.int64).itemsize
@@ -114,21 +122,9 @@ def _check_types(examples: Examples, binding: Binding, config: PackConfig) -> No
 
 def _validate(examples: Examples, binding: Binding, config: PackConfig) -> np.ndarray:
     """All-or-nothing checks; returns the prediction length of every example."""
-    count = len(examples)
-    if count > _MAX_OCCURRENCES:
-        raise InvalidExample(
-            f"{count} examples in one call; segment IDs are int32, accepted: <= {_MAX_OCCURRENCES}"
-        )
     examples.check_vocabulary(binding.vocab_size)
     lengths = examples.prediction_lengths
-    oversized = np.flatnonzero(lengths > config.capacity)
-    if oversized.size:
-        i = int(oversized[0])
-        raise OversizedExample(
-            f"{examples.describe(i)} has {int(lengths[i])} prediction pairs but a row holds "
-            f"capacity={config.capacity}; raise capacity to at least {int(lengths[i])} or "
-            "select shorter ranges upstream (streampack never splits or truncates)"
-        )
+    _check_lengths(lengths, config, examples.describe)
     return lengths
 
 
@@ -155,7 +151,30 @@ def _plan(
     _check_types(examples, binding, config)
     _enforce_budget(planner_bytes(len(examples)), config, "planning")
     lengths = _validate(examples, binding, config)
-    count = len(examples)
+    return _place(lengths, config, compact=compact)
+
+
+def _check_lengths(
+    lengths: np.ndarray, config: PackConfig, describe: Callable[[int], str]
+) -> None:
+    """Rule C2: no example is split, so each must fit one row."""
+    oversized = np.flatnonzero(lengths > config.capacity)
+    if oversized.size:
+        i = int(oversized[0])
+        raise OversizedExample(
+            f"{describe(i)} has {int(lengths[i])} prediction pairs but a row holds "
+            f"capacity={config.capacity}; raise capacity to at least {int(lengths[i])} or "
+            "select shorter ranges upstream (streampack never splits or truncates)"
+        )
+
+
+def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_Plan, int]:
+    """Plan validated prediction lengths next-fit and budget the result."""
+    count = len(lengths)
+    if count > _MAX_OCCURRENCES:
+        raise InvalidExample(
+            f"{count} examples in one call; segment IDs are int32, accepted: <= {_MAX_OCCURRENCES}"
+        )
 
     row_of = np.empty(count, np.int64)
     column_of = np.empty(count, np.int64)
@@ -229,9 +248,66 @@ def plan_compact(
     :func:`compact_batches` (or the producer's copy of the window) adds them.
     """
     plan, _ = _plan(examples, binding, config, compact=True)
+    return _plans(examples, plan, config)
+
+
+def plan_ranges(
+    offsets: np.ndarray, start: np.ndarray, stop: np.ndarray, source_id: np.ndarray,
+    example_id: np.ndarray, config: PackConfig,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`plan_compact` for documents whose tokens are held elsewhere.
+
+    Example ``i`` selects ``[start[i], stop[i])`` of document ``i``, whose boundaries are
+    ``offsets``. Placement, range and budget rules are those of ``plan_compact``;
+    without tokens there is no vocabulary to check, so whoever adds the tokens checks
+    them (the producer checks every batch it assembles, as a consumer does).
+    """
+    if not isinstance(config, PackConfig):
+        raise InvalidConfig(f"config must be streampack.PackConfig, got {type(config).__name__}")
+    offsets = integer_column("offsets", offsets, np.int64)
+    start, stop, source_id, example_id = (
+        integer_column(name, column, np.int64) for name, column in
+        (("start", start), ("stop", stop), ("source_id", source_id), ("example_id", example_id)))
+    count = start.shape[0]
+    if offsets.shape[0] != count + 1 or any(
+            column.shape[0] != count for column in (stop, source_id, example_id)):
+        raise InvalidExample(
+            f"{count} ranges need {count + 1} offsets and {count} stops, source and example "
+            f"ids; got {offsets.shape[0]}, {stop.shape[0]}, {source_id.shape[0]}, "
+            f"{example_id.shape[0]}")
+    _enforce_budget(planner_bytes(count), config, "planning")
+    check_offsets(offsets, int(offsets[-1]))
+    doc = np.arange(count, dtype=np.int64)
+
+    def describe(i: int) -> str:
+        return describe_example(i, source_id, example_id)
+
+    check_ranges(offsets, doc, start, stop, describe)
+    lengths = stop - start - 1
+    _check_lengths(lengths, config, describe)
+    plan, _ = _place(lengths, config, compact=True)
+    ranges = _Ranges(doc=doc, start=start, stop=stop, source_id=source_id,
+                     example_id=example_id)
+    return _plans(ranges, plan, config)
+
+
+@dataclass(frozen=True)
+class _Ranges:
+    """The columns of ``Examples`` that occurrence records copy (no tokens)."""
+
+    doc: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+    source_id: np.ndarray
+    example_id: np.ndarray
+
+
+def _plans(examples: Examples | _Ranges, plan: _Plan, config: PackConfig
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Every occurrence record in order and how many records each batch holds."""
     occurrences = _occurrence_records(examples, plan, config.max_rows_per_batch)
     firsts = plan.row_first[: plan.row_count : config.max_rows_per_batch]
-    sizes = np.diff(np.append(firsts, len(examples))).astype(np.int64)
+    sizes = np.diff(np.append(firsts, len(occurrences))).astype(np.int64)
     return occurrences, sizes
 
 
@@ -299,10 +375,13 @@ def warm_up_kernels() -> tuple[Examples, CompactBatch]:
     return examples, batch
 
 
-def _occurrence_records(examples: Examples, plan: _Plan, rows_per_batch: int) -> np.ndarray:
+def _occurrence_records(
+    examples: Examples | _Ranges, plan: _Plan, rows_per_batch: int
+) -> np.ndarray:
     """One record per occurrence; ``row`` is local to the occurrence's batch."""
-    records = np.empty(len(examples), OCCURRENCE_DTYPE)
-    records["ordinal"] = np.arange(len(examples), dtype=np.int64)
+    count = len(plan.lengths)
+    records = np.empty(count, OCCURRENCE_DTYPE)
+    records["ordinal"] = np.arange(count, dtype=np.int64)
     records["row"] = plan.row_of % rows_per_batch
     records["start"] = plan.column_of
     records["stop"] = plan.column_of + plan.lengths

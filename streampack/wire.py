@@ -1,31 +1,35 @@
-"""The wire protocol between producer, pack workers and consumers (version 3).
+"""The wire protocol between producer, pack workers and consumers (version 4).
 
 Every message is a ZeroMQ multipart message::
 
     frame 0      header: one msgpack map, keys in this order
-                   "v"  protocol version (int, 3)
+                   "v"  protocol version (int, 4)
                    "k"  kind (str, one of KINDS)
                    ...  the kind's fields, in the order KINDS lists them
                    "f"  one [name, dtype, shape] triple per following frame
     frame 1..n   raw array bytes, C order, little-endian, exactly
                  prod(shape) * itemsize bytes each
 
-For example ``encode_header("ready", {"credit": 2})`` is these 23 bytes (the tests
-pin them)::
+For example ``encode_header("ready", {"credit": 2, "needs_tokens": False})`` is these
+37 bytes (the tests pin them)::
 
-    84                    map of 4
-    a1 76 03              "v": 3
+    85                    map of 5
+    a1 76 04              "v": 4
     a1 6b a5 72 65 61 64 79      "k": "ready"
     a6 63 72 65 64 69 74 02      "credit": 2
+    ac 6e 65 65 64 73 5f 74 6f 6b 65 6e 73 c2      "needs_tokens": false
     a1 66 90              "f": []
 
 Kinds and directions (P producer, W pack worker, C consumer or health probe):
 
-    ready      W->P  credit                      a worker can take `credit` more windows
-    heartbeat  W->P  free                        liveness; `free` re-registers after a
-                                                 producer restart
-    window     P->W  epoch window binding config frames: tokens offsets doc start stop
-                                                 source_id example_id
+    ready      W->P  credit needs_tokens         a worker can take `credit` more windows;
+                                                 it needs their tokens (to audit) or not
+    heartbeat  W->P  free needs_tokens           liveness; re-registers after a producer
+                                                 restart
+    window     P->W  epoch window binding config with_tokens
+                                                 frames: tokens offsets doc start stop
+                                                 source_id example_id (tokens empty unless
+                                                 with_tokens: planning needs only ranges)
     packed     W->P  epoch window capacity seconds audited audit_failures audit_error
                                                  frames: occurrences batch_sizes (the plans
                                                  of all the window's batches: records in
@@ -65,7 +69,7 @@ import numpy as np
 
 from streampack.errors import ProtocolError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 _INT = "int"
 _STR = "str"
@@ -78,17 +82,20 @@ _FLOAT = "float"
 # cell of a ``PackedBatch``. From a worker only the plans travel, a whole window's in
 # one message: the producer cut the window, so it already holds every token a plan
 # selects (version 3; version 2 sent the tokens back, batch by batch, as well — a third
-# of all the bytes the producer moved, and a message per batch).
+# of all the bytes the producer moved, and a message per batch). Nor does a window carry
+# its tokens to a worker that only plans (version 4): next-fit needs the ranges alone,
+# and the tokens were half the bytes of a window message and a copy in the worker.
 BATCH_FRAMES = ("tokens", "occurrences")
 PLAN_FRAMES = ("occurrences", "batch_sizes")
 WINDOW_FRAMES = ("tokens", "offsets", "doc", "start", "stop", "source_id", "example_id")
 
 # kind -> (fields in order with their types, frame names in order)
 KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
-    "ready": ((("credit", _INT),), ()),
-    "heartbeat": ((("free", _INT),), ()),
+    "ready": ((("credit", _INT), ("needs_tokens", _BOOL)), ()),
+    "heartbeat": ((("free", _INT), ("needs_tokens", _BOOL)), ()),
     "window": (
-        (("epoch", _INT), ("window", _INT), ("binding", _MAP), ("config", _MAP)),
+        (("epoch", _INT), ("window", _INT), ("binding", _MAP), ("config", _MAP),
+         ("with_tokens", _BOOL)),
         WINDOW_FRAMES,
     ),
     "packed": (

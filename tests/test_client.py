@@ -174,8 +174,8 @@ def test_binding_mismatch_raises(fake):
 def test_malformed_answers_are_dropped_and_counted(fake):
     def garbage_first(fields, producer):
         if len(producer.fetches) == 1:
-            return [[b"\x00garbage"], [wire.encode_header("ready", {"credit": 1})],
-                    filler_frames(fields["epoch"], fields["index"])]
+            stray = wire.encode_header("ready", {"credit": 1, "needs_tokens": False})
+            return [[b"\x00garbage"], [stray], filler_frames(fields["epoch"], fields["index"])]
         return serve_n(1)(fields, producer)
 
     producer = fake(garbage_first)

@@ -269,6 +269,42 @@ def test_compact_batches_expand_to_exactly_the_packed_batches(case):
         assert expanded.digest() == p.digest()
 
 
+@settings(max_examples=100, deadline=None)
+@given(packing_inputs())
+def test_plans_from_ranges_alone_are_the_plans_of_pack_compact(case):
+    """A pack worker plans a window without its tokens (they stay with the producer):
+    the ranges alone give the same records and batch sizes."""
+    examples, binding, config = case
+    occurrences, sizes = sp.packing.plan_compact(examples, binding, config)
+    lengths = examples.offsets[examples.doc + 1] - examples.offsets[examples.doc]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])  # example i selects from document i
+    got, got_sizes = sp.packing.plan_ranges(offsets, examples.start, examples.stop,
+                                            examples.source_id, examples.example_id, config)
+    np.testing.assert_array_equal(got_sizes, sizes)
+    np.testing.assert_array_equal(got["doc"], np.arange(len(examples)))
+    for field in sp.OCCURRENCE_DTYPE.names:
+        if field != "doc":
+            np.testing.assert_array_equal(got[field], occurrences[field], field)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "start", "stop", "error", "message"),
+    [
+        ([0, 5, 9], [0, 1], [5, 5], sp.InvalidExample, r"example 1 .*range \[1, 5\) lies outside"),
+        ([0, 5, 9], [0, 3], [5, 4], sp.InvalidExample, "at least 2"),
+        ([0, 5, 20], [0, 0], [5, 15], sp.OversizedExample, "14 prediction pairs"),
+        ([0, 5], [0, 0], [5, 5], sp.InvalidExample, "2 ranges need 3 offsets"),
+        ([0, 5, 3], [0, 0], [5, 2], sp.InvalidExample, "offsets decrease"),
+        ([[0, 5, 9]], [0, 0], [5, 4], sp.InvalidExample, "one-dimensional"),
+    ],
+)
+def test_plans_from_ranges_refuse_bad_ranges_by_name(offsets, start, stop, error, message):
+    ids = np.array([10, 11])
+    with pytest.raises(error, match=message):
+        sp.packing.plan_ranges(np.array(offsets), np.array(start), np.array(stop), ids, ids,
+                               sp.PackConfig(capacity=8, max_rows_per_batch=2))
+
+
 def _worked_compact() -> sp.CompactBatch:
     (compact,) = sp.pack_compact(sp.Examples.from_documents([A, B, C]), BINDING,
                                  sp.PackConfig(capacity=6, max_rows_per_batch=2))

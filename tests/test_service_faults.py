@@ -109,7 +109,7 @@ GARBAGE = [
     [msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "window", "epoch": 0, "window": 0,
                     "binding": {}, "config": {}, "f": []})],
     wire.encode("fetch", {"rank": 3, "world_size": 2, "epoch": 0, "index": 3, "count": 1}),
-    [wire.encode_header("ready", {"credit": 1}), b"unannounced frame"],
+    [wire.encode_header("ready", {"credit": 1, "needs_tokens": False}), b"unannounced frame"],
 ]
 
 
@@ -150,10 +150,11 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
         rogue = context.socket(zmq.DEALER)
         rogue.connect(service.worker_endpoint)
         try:
-            rogue.send_multipart(wire.encode("ready", {"credit": 1}))
+            # It asks for the tokens (as an auditing worker does) to plan the usual way.
+            rogue.send_multipart(wire.encode("ready", {"credit": 1, "needs_tokens": True}))
             assert rogue.poll(60_000)
             window = wire.decode(rogue.recv_multipart())
-            assert window.kind == "window"
+            assert window.kind == "window" and window.fields["with_tokens"]
             occurrences, sizes = plan_compact(
                 window_examples(window.arrays), wire.binding_from_wire(window.fields["binding"]),
                 pack_config_from_wire(window.fields["config"]))
@@ -189,7 +190,11 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
 
 
 def test_a_worker_rejects_malformed_windows_and_keeps_packing():
-    """Property 6 for the worker's socket: this test plays the producer."""
+    """Property 6 for the worker's socket: this test plays the producer. A window sent
+    without its tokens is planned from its ranges exactly as ``plan_compact`` plans it."""
+    from streampack.packing import plan_compact
+    from workers.worker import pack_config_from_wire, window_examples
+
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
@@ -215,13 +220,19 @@ def test_a_worker_rejects_malformed_windows_and_keeps_packing():
         fields = {"epoch": 0, "window": 0, "binding": BINDING | {
             "tokenizer": "fixture-bytes-v1", "split_receipt": "fixture-corpus-2026-01"},
             "config": {"capacity": 256, "max_rows_per_batch": 4, "max_cells": None,
-                       "max_metadata_bytes": 1 << 24}}
-        router.send_multipart([identity, *wire.encode("window", fields, window.arrays())],
+                       "max_metadata_bytes": 1 << 24}, "with_tokens": False}
+        # As the producer sends it to a worker that does not audit: no tokens.
+        tokenless = window.arrays() | {"tokens": window.tokens[:0]}
+        router.send_multipart([identity, *wire.encode("window", fields, tokenless)],
                               copy=False)
         packed = answer({"packed"})
         assert packed.fields["window"] == 0 and packed.fields["capacity"] == 256
-        sizes = packed.arrays["batch_sizes"]
-        assert len(sizes) >= 1 and sizes.sum() == len(packed.arrays["occurrences"])
+        occurrences, sizes = plan_compact(
+            window_examples(window.arrays()), wire.binding_from_wire(fields["binding"]),
+            pack_config_from_wire(fields["config"]))
+        np.testing.assert_array_equal(packed.arrays["occurrences"], occurrences)
+        np.testing.assert_array_equal(packed.arrays["batch_sizes"], sizes)
+        fields["with_tokens"] = True
         # a window that cannot pack (budget too small) is answered with ``failed``
         fields["config"] = dict(fields["config"], max_metadata_bytes=16)
         router.send_multipart([identity, *wire.encode("window", fields, window.arrays())],

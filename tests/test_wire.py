@@ -36,18 +36,19 @@ def worked_compact() -> CompactBatch:
 
 
 def test_ready_header_bytes_are_pinned():
-    header = wire.encode_header("ready", {"credit": 2})
+    header = wire.encode_header("ready", {"credit": 2, "needs_tokens": False})
     assert header == bytes.fromhex(
-        "84" "a176" "03" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02" "a166" "90"
+        "85" "a176" "04" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
+        "ac" + b"needs_tokens".hex() + "c2" "a166" "90"
     )
-    assert len(header) == 23
+    assert len(header) == 37
 
 
 def test_fetch_header_bytes_are_pinned():
     header = wire.encode_header(
         "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4})
     expected = (
-        b"\x88\xa1v\x03\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\x88\xa1v\x04\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
         b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa1f\x90"
     )
     assert header == expected
@@ -63,7 +64,8 @@ def test_window_header_lists_frames_with_dtype_and_shape():
         "source_id": np.array([7, 8]),
         "example_id": np.array([7, 8]),
     }
-    fields = {"epoch": 0, "window": 3, "binding": wire.binding_to_wire(BINDING), "config": {}}
+    fields = {"epoch": 0, "window": 3, "binding": wire.binding_to_wire(BINDING), "config": {},
+              "with_tokens": True}
     frames = wire.encode("window", fields, arrays)
     header = msgpack.unpackb(frames[0])
     assert header["f"][0] == ["tokens", "<i4", [5]]
@@ -166,7 +168,8 @@ def test_an_inconsistent_batch_message_is_rejected(overrides, match):
 
 
 def _header(**overrides):
-    header = {"v": wire.PROTOCOL_VERSION, "k": "ready", "credit": 1, "f": []}
+    header = {"v": wire.PROTOCOL_VERSION, "k": "ready", "credit": 1, "needs_tokens": False,
+              "f": []}
     header.update(overrides)
     return msgpack.packb(header)
 
@@ -197,7 +200,7 @@ def test_malformed_headers_are_rejected(frames, match):
 def _window_frames(**spec_overrides):
     arrays = {name: np.zeros(2, np.int64) for name in wire.WINDOW_FRAMES}
     arrays["tokens"] = np.zeros(4, np.int32)
-    fields = {"epoch": 0, "window": 0, "binding": {}, "config": {}}
+    fields = {"epoch": 0, "window": 0, "binding": {}, "config": {}, "with_tokens": True}
     frames = wire.encode("window", fields, arrays)
     header = msgpack.unpackb(frames[0])
     for index, spec in spec_overrides.items():
@@ -224,7 +227,7 @@ def test_frames_that_disagree_with_their_header_are_rejected(overrides, match):
 
 
 def test_limits_are_configurable():
-    frames = wire.encode("ready", {"credit": 1})
+    frames = wire.encode("ready", {"credit": 1, "needs_tokens": False})
     with pytest.raises(ProtocolError, match="max_header_bytes=8"):
         wire.decode(frames, wire.WireLimits(max_header_bytes=8))
     with pytest.raises(ProtocolError, match="must be an int >= 1"):
@@ -235,17 +238,19 @@ def test_encoder_refuses_what_the_decoder_would_refuse():
     with pytest.raises(ProtocolError, match="missing field 'credit'"):
         wire.encode("ready", {})
     with pytest.raises(ProtocolError, match="unknown field"):
-        wire.encode("ready", {"credit": 1, "speed": 2})
+        wire.encode("ready", {"credit": 1, "needs_tokens": False, "speed": 2})
     with pytest.raises(ProtocolError, match="unknown message kind"):
         wire.encode("shutdown", {})
     with pytest.raises(ProtocolError, match="frames"):
-        wire.encode("ready", {"credit": 1}, {"tokens": np.zeros(1, np.int32)})
+        wire.encode("ready", {"credit": 1, "needs_tokens": False},
+                    {"tokens": np.zeros(1, np.int32)})
 
 
 def test_encoding_converts_byte_order_to_little_endian():
     arrays = {name: np.zeros(1, ">i8") for name in wire.WINDOW_FRAMES}
     arrays["tokens"] = np.array([1, 256], dtype=">i4")
-    frames = wire.encode("window", {"epoch": 0, "window": 0, "binding": {}, "config": {}}, arrays)
+    fields = {"epoch": 0, "window": 0, "binding": {}, "config": {}, "with_tokens": True}
+    frames = wire.encode("window", fields, arrays)
     assert bytes(frames[1]) == b"\x01\x00\x00\x00\x00\x01\x00\x00"
 
 

@@ -86,7 +86,6 @@ MAX_PENDING_PER_CONSUMER = 1024
 @dataclasses.dataclass
 class _InFlight:
     window: Window
-    frames: list[Any]
     worker: bytes | None = None
     attempts: int = 0
     batches: dict[int, CompactBatch] = dataclasses.field(default_factory=dict)
@@ -98,6 +97,7 @@ class _InFlight:
 class _Worker:
     credit: int
     last_seen: float
+    needs_tokens: bool = False  # it audits: windows go to it with their tokens
     windows: set[tuple[int, int]] = dataclasses.field(default_factory=set)
 
 
@@ -245,19 +245,7 @@ class Producer:
                         self._complete_empty(window)
                         continue
                     key = (window.epoch, window.index)
-                    state = _InFlight(
-                        window=window,
-                        frames=wire.encode(
-                            "window",
-                            {
-                                "epoch": window.epoch,
-                                "window": window.index,
-                                "binding": self.binding_wire,
-                                "config": self.pack_config,
-                            },
-                            window.arrays(),
-                        ),
-                    )
+                    state = _InFlight(window=window)
                     self.inflight[key] = state
                     self.window_bytes += window.nbytes
                     self.stats["window_bytes_peak"] = max(
@@ -267,12 +255,21 @@ class Producer:
                 state.attempts += 1
                 worker.windows.add(key)
                 worker.credit -= 1
-                socket.send_multipart([identity, *state.frames], copy=False)
+                self._send_window(socket, identity, state.window, worker.needs_tokens)
                 self.stats["windows_issued"] += 1
+
+    def _send_window(self, socket: zmq.Socket, identity: bytes, window: Window,
+                     with_tokens: bool) -> None:
+        arrays = window.arrays()
+        if not with_tokens:  # planning needs the ranges only: half the bytes stay here
+            arrays["tokens"] = arrays["tokens"][:0]
+        fields = {"epoch": window.epoch, "window": window.index, "binding": self.binding_wire,
+                  "config": self.pack_config, "with_tokens": with_tokens}
+        self._send(socket, identity, "window", fields, arrays)
 
     def _complete_empty(self, window: Window) -> None:
         key = (window.epoch, window.index)
-        self.inflight[key] = _InFlight(window=window, frames=[], expected=0)
+        self.inflight[key] = _InFlight(window=window, expected=0)
         self.window_bytes += window.nbytes
         self._try_assemble()
 
@@ -355,6 +352,8 @@ class Producer:
             self.stats["workers_joined"] += 1
             if kind == "heartbeat":
                 worker.credit = min(max(fields["free"], 0), 64)
+        if kind in ("ready", "heartbeat"):
+            worker.needs_tokens = fields["needs_tokens"]
         if kind == "ready":
             if not 0 < fields["credit"] <= 64:
                 raise ProtocolError(f"credit {fields['credit']} is outside 1..64")

@@ -3,19 +3,22 @@
 A worker connects a DEALER socket to the producer's worker endpoint and loops::
 
     warm up (compile/load the packing kernels on a tiny window)
-    send ready{credit: prefetch}
+    send ready{credit: prefetch, needs_tokens: auditing}
     repeat:
-        window{epoch, window, binding, config} + frames  ->  Examples (validated)
-            -> plan_compact(examples, binding, PackConfig(**config))
+        window{epoch, window, binding, config, with_tokens} + frames
+            -> plan_ranges(ranges, PackConfig(**config))       (validated)
+               or, with tokens, plan_compact(Examples, binding, config), then audits
             -> packed{epoch, window, capacity, seconds, audit...} + the plans of all
                its batches (occurrence records + records per batch), one message
-            -> ready{credit: 1}
-        every heartbeat_interval seconds: heartbeat{free}
+            -> ready{credit: 1, needs_tokens}
+        every heartbeat_interval seconds: heartbeat{free, needs_tokens}
 
 The worker holds no settings of the stream: binding and packing configuration come
-with each window, so any worker can pack any producer's windows. A window that fails to
-pack is answered with ``failed`` (the producer quarantines it) and the worker keeps
-serving. A malformed message is counted and answered with ``error``.
+with each window, so any worker can pack any producer's windows. Only a worker that
+audits asks for the windows' tokens: planning needs the documents' ranges alone (the
+producer, which holds the tokens, checks every batch it assembles from a plan). A
+window that fails to pack is answered with ``failed`` (the producer quarantines it) and
+the worker keeps serving. A malformed message is counted and answered with ``error``.
 
 Warming up before announcing credit keeps the first window's compile time from
 looking like a dead worker to the producer's heartbeat timeout; after that, a window
@@ -36,7 +39,7 @@ import numpy as np
 import zmq
 
 from streampack import Examples, PackConfig, StreampackError, wire
-from streampack.packing import compact_batches, plan_compact, warm_up_kernels
+from streampack.packing import compact_batches, plan_compact, plan_ranges, warm_up_kernels
 from streampack.settings import WorkerSettings, add_flags, from_args
 
 
@@ -89,6 +92,7 @@ class Worker:
         self._audit_fn: Any = None
         self._audit_broken = ""
         self._next_beat = 0.0
+        self.needs_tokens = bool(settings.audit_every)  # planning alone needs no tokens
         if settings.audit_every:
             try:
                 audit_module = importlib.import_module("streampack.audit")
@@ -122,11 +126,18 @@ class Worker:
         fields = message.fields
         epoch, window = fields["epoch"], fields["window"]
         started = time.perf_counter()
+        arrays = message.arrays
         try:
             binding = wire.binding_from_wire(fields["binding"])
             config = pack_config_from_wire(fields["config"])
-            examples = window_examples(message.arrays)
-            occurrences, sizes = plan_compact(examples, binding, config)
+            if fields["with_tokens"]:
+                examples = window_examples(arrays)
+                occurrences, sizes = plan_compact(examples, binding, config)
+            else:
+                examples = None
+                occurrences, sizes = plan_ranges(arrays["offsets"], arrays["start"],
+                                                 arrays["stop"], arrays["source_id"],
+                                                 arrays["example_id"], config)
         except StreampackError as exc:
             self.counters["failed"] += 1
             self.log(f"worker: window {epoch}/{window} failed to pack: {exc}")
@@ -134,7 +145,11 @@ class Worker:
             return
         audited = failures = 0
         notes = []
-        if self.settings.audit_every:  # only audits need the batches' tokens
+        if self.settings.audit_every and examples is None:
+            # Asked for with needs_tokens, so only a faulty producer gets here.
+            audited = failures = len(sizes)
+            notes.append("the window came without its tokens; nothing could be audited")
+        elif self.settings.audit_every:  # only audits need the batches' tokens
             batches = compact_batches(examples, occurrences, sizes, binding, config.capacity)
             for index, batch in enumerate(batches):
                 a, f, note = self._audit(batch, examples)
@@ -164,7 +179,8 @@ class Worker:
 
     def _beat_if_due(self, socket: zmq.Socket) -> None:
         if time.monotonic() >= self._next_beat:
-            self._send(socket, "heartbeat", {"free": self.settings.prefetch})
+            self._send(socket, "heartbeat", {"free": self.settings.prefetch,
+                                             "needs_tokens": self.needs_tokens})
             self._next_beat = time.monotonic() + self.settings.heartbeat_interval
 
     def run(self) -> int:
@@ -177,7 +193,8 @@ class Worker:
         if self.settings.curve_server_key:
             wire.curve_client(socket, self.settings.curve_server_key)
         socket.connect(self.settings.connect)
-        self._send(socket, "ready", {"credit": self.settings.prefetch})
+        self._send(socket, "ready", {"credit": self.settings.prefetch,
+                                     "needs_tokens": self.needs_tokens})
         self._next_beat = time.monotonic() + self.settings.heartbeat_interval
         try:
             while not self.stopping:
@@ -196,7 +213,7 @@ class Worker:
                         self._send(socket, "error", {"message": str(exc)[:1000]})
                         continue
                     self.handle_window(socket, message)
-                    self._send(socket, "ready", {"credit": 1})
+                    self._send(socket, "ready", {"credit": 1, "needs_tokens": self.needs_tokens})
                 self._beat_if_due(socket)
         finally:
             socket.close(linger=0)
