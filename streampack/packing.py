@@ -369,9 +369,15 @@ def warm_up_kernels() -> tuple[Examples, CompactBatch]:
                       partition="train")
     examples = Examples.from_documents([[1, 2, 3], [4, 5]])
     (batch,) = pack_compact(examples, binding, PackConfig(capacity=4, max_rows_per_batch=1))
-    batch.checked(max_cells=4).expand()
-    narrow = dataclasses.replace(batch, tokens=batch.tokens.astype(np.uint16))
-    narrow.checked(max_cells=4).expand()  # as the service sends tokens of small vocabularies
+    # Each argument type is its own specialization: tokens int32 or uint16 (the service
+    # sends uint16 when the vocabulary fits), and arrays writable (made here) or
+    # read-only (decoded from a message: a consumer's both, a producer's occurrences).
+    for tokens in (batch.tokens, batch.tokens.astype(np.uint16)):
+        for read_only in ((), ("occurrences",), ("occurrences", "tokens")):
+            arrays = {"tokens": tokens.copy(), "occurrences": batch.occurrences.copy()}
+            for name in read_only:
+                arrays[name].flags.writeable = False
+            dataclasses.replace(batch, **arrays).checked(max_cells=4).expand()
     return examples, batch
 
 

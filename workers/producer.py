@@ -43,8 +43,11 @@ Properties and how they hold:
   ``reorder_budget_bytes``. Results of windows already in flight are always accepted,
   so the reorder buffer can exceed its budget by at most the output of the windows in
   flight (at most ``window_budget_bytes``-worth of windows, each bounded by
-  ``window_tokens``). ZeroMQ queues stay small because both directions are
-  credit-based (workers ask for windows, consumers ask for batches).
+  ``window_tokens``). Batches of whole documents share their window's token buffer
+  (slices, not copies), which is freed with the last of them: a window partly
+  served holds up to its own tokens beyond the count. ZeroMQ queues stay small
+  because both directions are credit-based (workers ask for windows, consumers ask
+  for batches).
 - *Bad messages.* Anything ``wire.decode`` rejects, or a valid message of the wrong
   kind or with out-of-range values, is counted (``rejected_*``) and, where it came
   with an identity, answered with ``error``. The loop never dies of a message.
@@ -698,7 +701,9 @@ class Producer:
         workers there, off the TCP stack."""
         # Load the kernels that check workers' plans before the first one arrives.
         examples, batch = warm_up_kernels()
-        plan_matches_window(batch.occurrences, examples.start, examples.stop,
+        occurrences = batch.occurrences.copy()
+        occurrences.flags.writeable = False  # as decoded from a worker's message
+        plan_matches_window(occurrences, examples.start, examples.stop,
                             examples.source_id, examples.example_id)
         context = zmq.Context()
         workers = context.socket(zmq.ROUTER)
