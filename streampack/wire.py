@@ -209,17 +209,23 @@ class Message:
     arrays: dict[str, np.ndarray]
 
 
-_FIELD_TYPES: dict[str, Any] = {
-    _INT: lambda value: isinstance(value, int) and not isinstance(value, bool),
-    _STR: lambda value: isinstance(value, str),
-    _BOOL: lambda value: isinstance(value, bool),
-    _MAP: lambda value: isinstance(value, dict),
-    _FLOAT: lambda value: isinstance(value, (int, float)) and not isinstance(value, bool),
+# Exact Python types, as msgpack decodes them (a bool is not an int here).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    _INT: (int,),
+    _STR: (str,),
+    _BOOL: (bool,),
+    _MAP: (dict,),
+    _FLOAT: (int, float),
 }
+# Per kind: every header key, and (name, accepted types) per field, for decode's loop.
+_HEADER_KEYS = {kind: frozenset({"v", "k", "f", *(name for name, _ in schema)})
+                for kind, (schema, _) in KINDS.items()}
+_FIELD_CHECKS = {kind: tuple((name, _FIELD_TYPES[kind_of]) for name, kind_of in schema)
+                 for kind, (schema, _) in KINDS.items()}
 
 
 def _check_field(kind: str, name: str, kind_of: str, value: Any) -> None:
-    if not _FIELD_TYPES[kind_of](value):
+    if type(value) not in _FIELD_TYPES[kind_of]:
         raise ProtocolError(
             f"{kind!r} message field {name!r} = {value!r} has type "
             f"{type(value).__name__}; expected {kind_of}"
@@ -325,15 +331,16 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
     if kind not in KINDS:
         raise ProtocolError(f"unknown message kind {kind!r}; expected one of {sorted(KINDS)}")
     schema, frame_names = KINDS[kind]
-    expected_keys = {"v", "k", "f"} | {name for name, _ in schema}
-    if set(header) != expected_keys:
+    expected_keys = _HEADER_KEYS[kind]
+    if header.keys() != expected_keys:
         raise ProtocolError(
             f"{kind!r} header keys {sorted(header)}; expected {sorted(expected_keys)}"
         )
     fields = {}
-    for name, kind_of in schema:
-        _check_field(kind, name, kind_of, header[name])
-        fields[name] = header[name]
+    for name, types in _FIELD_CHECKS[kind]:
+        value = fields[name] = header[name]
+        if type(value) not in types:
+            _check_field(kind, name, dict(schema)[name], value)  # raises, naming the field
     specs = header["f"]
     if not isinstance(specs, list) or len(specs) != len(frame_names):
         raise ProtocolError(f"{kind!r} header lists frames {specs!r}; expected {frame_names}")
