@@ -128,13 +128,14 @@ class Window:
 
     def selected_tokens(self, first: int, last: int) -> np.ndarray:
         """The tokens documents ``first..last-1`` select, concatenated — the
-        ``tokens`` of a compact batch holding exactly those documents. One slice copied
-        when each document is selected whole, else a gather; a copy either way, so a
-        batch never keeps its whole window alive (memory budgets count batch bytes)."""
+        ``tokens`` of a compact batch holding exactly those documents. A slice of the
+        window's tokens (no copy) when each document is selected whole, as from token
+        shards: consecutive batches partition the window's tokens, which are freed
+        with the last of them. Otherwise a gather."""
         from streampack.packing import select_tokens
 
         if self.whole_documents:
-            return self.tokens[self.offsets[first] : self.offsets[last]].copy()
+            return self.tokens[self.offsets[first] : self.offsets[last]]
         tokens, _ = select_tokens(self.tokens, self.offsets,
                                   np.arange(first, last, dtype=np.int64),
                                   self.start[first:last], self.stop[first:last])
