@@ -136,7 +136,7 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
 }
 
 # The dtypes each frame may have; the first is what ``encode`` converts other arrays to.
-# Tokens travel as uint16 when the vocabulary fits (``narrow_tokens``): half the bytes.
+# Tokens travel as uint16 when the vocabulary fits (``token_dtype``): half the bytes.
 FRAME_DTYPES: dict[str, tuple[str, ...]] = {
     "tokens": ("<i4", "<u2"),
     "offsets": ("<i8",),
@@ -173,11 +173,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     vocabulary fits, else int32."""
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
 
-
-def narrow_tokens(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """``tokens`` (all in ``0..vocab_size-1``) in :func:`token_dtype`."""
-    dtype = token_dtype(vocab_size)
-    return tokens if tokens.dtype == dtype else tokens.astype(dtype)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -113,7 +113,7 @@ def test_a_batch_costs_about_four_bytes_per_cell_on_the_wire():
 
 def test_tokens_of_a_small_vocabulary_travel_as_uint16_and_expand_the_same():
     compact = worked_compact()
-    narrow = CompactBatch(tokens=wire.narrow_tokens(compact.tokens, BINDING.vocab_size),
+    narrow = CompactBatch(tokens=compact.tokens.astype(wire.token_dtype(BINDING.vocab_size)),
                           occurrences=compact.occurrences, rows=compact.rows,
                           capacity=compact.capacity, binding=BINDING)
     frames = wire.encode("batch", batch_fields(narrow), wire.batch_arrays(narrow))
@@ -123,7 +123,7 @@ def test_tokens_of_a_small_vocabulary_travel_as_uint16_and_expand_the_same():
     assert received.tokens.dtype == np.uint16
     assert received.expand().digest() == worked_batch().digest()
     wide = Binding(vocab_size=70_000, tokenizer="t", split_receipt="r", partition="train")
-    assert wire.narrow_tokens(compact.tokens, wide.vocab_size).dtype == np.int32
+    assert wire.token_dtype(wide.vocab_size) == np.int32
 
 
 def test_a_worker_sends_plans_and_the_producer_adds_the_window_tokens():
