@@ -629,20 +629,19 @@ def _screen(
         out_of_vocabulary = (lo < 0) | (hi >= vocab_size)
 
     reasons: dict[int, tuple[str, str]] = {i: (reason, detail) for i, reason, detail in premarked}
-    if too_short.any() or too_long.any() or out_of_vocabulary is not None:
-        checks = (
-            ("too_short", too_short, lambda i: f"range has {span[i]} token(s); at least 2 needed"),
-            ("too_long", too_long,
-             lambda i: f"range has {span[i]} tokens; at most capacity + 1 = {capacity + 1} fit"),
-            ("out_of_vocabulary", out_of_vocabulary,
-             lambda i: f"tokens span [{lo[i]}, {hi[i]}]; vocabulary is [0, {vocab_size})"),
-        )
-        for name, bad, describe in checks:
-            if bad is None:
-                continue
-            for i in np.flatnonzero(bad).tolist():
-                if i not in reasons:
-                    reasons[i] = (name, describe(i))
+    checks = (
+        ("too_short", too_short, lambda i: f"range has {span[i]} token(s); at least 2 needed"),
+        ("too_long", too_long,
+         lambda i: f"range has {span[i]} tokens; at most capacity + 1 = {capacity + 1} fit"),
+        ("out_of_vocabulary", out_of_vocabulary,
+         lambda i: f"tokens span [{lo[i]}, {hi[i]}]; vocabulary is [0, {vocab_size})"),
+    )
+    for name, bad, describe in checks:
+        if bad is None:
+            continue
+        for i in np.flatnonzero(bad).tolist():  # first reason found wins
+            if i not in reasons:
+                reasons[i] = (name, describe(i))
     quarantined = [
         {
             "epoch": epoch,
