@@ -70,6 +70,31 @@ DIGEST_FIELDS = ("inputs", "targets", "segments", "positions", "loss_mask")
 BYTES_PER_CELL = sum(d.itemsize for d in CELL_DTYPES.values())
 BYTES_PER_ROW = ARRAY_DTYPES["valid_lengths"].itemsize
 
+#: The order ``expanded_arrays`` lays fields out in one block: widest dtype first, so
+#: every field starts aligned whatever the shape.
+_BLOCK_ORDER = sorted(ARRAY_DTYPES, key=lambda name: -ARRAY_DTYPES[name].itemsize)
+
+
+def expanded_nbytes(rows: int, capacity: int) -> int:
+    """Bytes of every array field of a ``rows`` x ``capacity`` batch."""
+    return rows * (capacity * BYTES_PER_CELL + BYTES_PER_ROW)
+
+
+def expanded_arrays(rows: int, capacity: int, block: np.ndarray | None = None
+                    ) -> dict[str, np.ndarray]:
+    """Every array field of a batch of this shape, uninitialised, in ``ARRAY_DTYPES``
+    order, as views of one uint8 ``block`` of at least ``expanded_nbytes`` (a fresh one
+    when None). One block per batch is one allocation, and lets a consumer reuse it."""
+    if block is None:
+        block = np.empty(expanded_nbytes(rows, capacity), np.uint8)
+    views, offset = {}, 0
+    for name in _BLOCK_ORDER:
+        shape = (rows,) if name == "valid_lengths" else (rows, capacity)
+        size = ARRAY_DTYPES[name].itemsize * int(np.prod(shape))
+        views[name] = block[offset:offset + size].view(ARRAY_DTYPES[name]).reshape(shape)
+        offset += size
+    return {name: views[name] for name in ARRAY_DTYPES}
+
 
 def check_binding(actual: Binding, expected: Binding) -> None:
     """Raise ``BindingMismatch`` naming every field where ``actual`` differs (rule C9)."""
@@ -330,19 +355,21 @@ class CompactBatch:
                   ("row", "start", "stop", "ordinal", "segment", "range_start", "range_stop")}
         fail(f"{rule}; occurrence {at} has {record}")
 
-    def expand(self) -> PackedBatch:
-        """The full ``PackedBatch``: every cell written once by the compiled fill."""
+    def expand(self, block: np.ndarray | None = None) -> PackedBatch:
+        """The full ``PackedBatch``: every cell written once by the compiled fill, into
+        views of ``block`` (see ``expanded_arrays``; a fresh one when None)."""
         from .kernels.pack_cpu import fill_compact
 
         if self.filler:
             return PackedBatch.filler_like(self.binding, self.rows, self.capacity)
-        occ = self.occurrences
-        shape = (self.rows, self.capacity)
-        arrays = {name: np.empty(shape, dtype) for name, dtype in CELL_DTYPES.items()}
-        valid_lengths = np.empty(self.rows, np.int32)
-        fill_compact(self.tokens, occ, *arrays.values(), valid_lengths)
-        return PackedBatch(**arrays, valid_lengths=valid_lengths, occurrences=occ,
-                           binding=self.binding)
+        arrays = expanded_arrays(self.rows, self.capacity, block)
+        fill_compact(self.tokens, self.occurrences, *arrays.values())
+        return PackedBatch(**arrays, occurrences=self.occurrences, binding=self.binding)
+
+    @property
+    def expanded_nbytes(self) -> int:
+        """Bytes ``expand()`` writes: every array field of the full batch."""
+        return expanded_nbytes(self.rows, self.capacity)
 
     @property
     def nbytes(self) -> int:

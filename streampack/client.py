@@ -19,7 +19,9 @@ when the batches already held reach ``prefetch_bytes``), each naming the exact
 idempotent, so a reconnect or a restart never skips or repeats a batch: the cursor is
 the whole state. The producer replays whatever it has already forgotten. After
 ``RESEND_AFTER`` seconds without any answer the client asks again, so a producer that
-restarts under running trainers costs them a pause, not their stream.
+restarts under running trainers costs them a pause, not their stream. Batches are
+expanded into memory that is reused once the trainer has dropped every reference to
+an earlier batch (``BatchMemory``).
 
 ``StreamDigest`` defines the digest ``streampack consume`` and ``streampack digest``
 print: SHA-256 over, per batch in order, ``epoch`` and ``index`` (little-endian
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,6 +48,47 @@ from streampack.packing import warm_up_kernels
 
 #: Seconds without any answer after which outstanding fetches are sent again.
 RESEND_AFTER = 5.0
+
+
+#: Blocks of expanded-batch memory a client keeps for reuse (see ``BatchMemory``).
+REUSED_BLOCKS = 4
+
+
+class BatchMemory:
+    """The memory batches are expanded into, reused once the trainer has let go of them.
+
+    Why: a batch expanded into fresh memory is handed back to the operating system by
+    ``malloc`` when the trainer drops it, and faulted in again, page by page, for the
+    next one; in ``benchmarks/service.py`` that was a third of a consumer's CPU. Each
+    batch's arrays are views of one block (``batch.expanded_arrays``), and every array,
+    view or zero-copy tensor made from them holds a reference to that block, so a block
+    whose only reference is this pool's is free to overwrite. A block still referenced
+    is never touched; with every kept block in use, a fresh one replaces the oldest kept
+    (which lives on as long as the trainer needs it).
+    """
+
+    def __init__(self, blocks: int = REUSED_BLOCKS) -> None:
+        self._blocks: list[np.ndarray] = []
+        self._size = blocks
+        self._oldest = 0
+        # What getrefcount reports for an item of the list and nothing else, measured
+        # rather than assumed (interpreters differ in the references they count).
+        probe = [np.empty(0, np.uint8)]
+        self._unreferenced = sys.getrefcount(probe[0])
+
+    def block(self, nbytes: int) -> np.ndarray:
+        """A uint8 block of at least ``nbytes`` that nothing outside this pool refers to."""
+        blocks = self._blocks
+        for i in range(len(blocks)):
+            if blocks[i].nbytes >= nbytes and sys.getrefcount(blocks[i]) == self._unreferenced:
+                return blocks[i]
+        block = np.empty(nbytes, np.uint8)
+        if len(blocks) < self._size:
+            blocks.append(block)
+        else:
+            blocks[self._oldest] = block
+            self._oldest = (self._oldest + 1) % self._size
+        return block
 
 
 class StreamTimeout(StreampackError, TimeoutError):
@@ -144,6 +188,7 @@ class BatchStream:
         self._finished = False
         self._limit: int | None = None  # this epoch's end for this rank, once known
         self.last_epoch_end: dict[str, int] | None = None
+        self._memory = BatchMemory()
         self.rejected = 0  # malformed messages received and dropped
         self.resent = 0  # times outstanding fetches were sent again after silence
         # Load the check and expand kernels now, not inside the first next_batch.
@@ -275,7 +320,7 @@ class BatchStream:
                 self._requested.remove(self._index)
                 self.current = (self._epoch, self._index)
                 self._index += self.world_size
-                return compact.expand()
+                return compact.expand(self._memory.block(compact.expanded_nbytes))
             if self._limit is not None and self._index >= self._limit:
                 self._epoch += 1
                 self._index = self.rank

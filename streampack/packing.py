@@ -32,12 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .batch import (
-    BYTES_PER_CELL,
-    BYTES_PER_ROW,
     CELL_DTYPES,
     OCCURRENCE_DTYPE,
     CompactBatch,
     PackedBatch,
+    expanded_nbytes,
 )
 from .config import PackConfig
 from .errors import (
@@ -99,7 +98,7 @@ def metadata_bytes(
         + batch_count * _BATCH_OBJECT_BYTES
     )
     if selected_tokens is None:
-        return common + row_count * (capacity * BYTES_PER_CELL + BYTES_PER_ROW)
+        return common + expanded_nbytes(row_count, capacity)
     return common + np.dtype(np.int32).itemsize * selected_tokens + _INT64 * (example_count + 1)
 
 

@@ -96,3 +96,27 @@ def test_filler_batch_is_all_padding():
 def test_batch_arrays_are_contiguous_row_slices(batch):
     for name in sp.PackedBatch.ARRAY_FIELDS:
         assert getattr(batch, name).flags.c_contiguous, name
+
+
+@pytest.mark.parametrize("rows, capacity", [(1, 5), (3, 7), (16, 2048)])
+def test_expanded_arrays_are_aligned_disjoint_views_of_one_block(rows, capacity):
+    block = np.full(sp.batch.expanded_nbytes(rows, capacity), 0xAB, np.uint8)
+    arrays = sp.batch.expanded_arrays(rows, capacity, block)
+    assert list(arrays) == list(sp.PackedBatch.ARRAY_FIELDS)
+    for name, array in arrays.items():
+        assert array.dtype == sp.batch.ARRAY_DTYPES[name]
+        assert array.shape == ((rows,) if name == "valid_lengths" else (rows, capacity))
+        assert array.flags.c_contiguous and array.flags.aligned and array.flags.writeable
+        assert array.base is block
+        array[...] = 0  # each field owns its bytes: together they clear the whole block
+    assert not block.any()
+
+
+def test_expand_into_a_block_writes_the_same_batch_as_fresh_memory():
+    compact = sp.pack_compact(sp.Examples.from_documents([A, B, C]), BINDING,
+                              sp.PackConfig(capacity=6, max_rows_per_batch=2))[0]
+    block = np.full(compact.expanded_nbytes + 8, 0x7F, np.uint8)  # stale bytes, room over
+    reused, fresh = compact.expand(block), compact.expand()
+    assert reused.inputs.base is block
+    for name in sp.PackedBatch.ARRAY_FIELDS:
+        np.testing.assert_array_equal(getattr(reused, name), getattr(fresh, name))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -18,12 +19,21 @@ from streampack import (
     Binding,
     BindingMismatch,
     CompactBatch,
+    Examples,
+    PackConfig,
     PackedBatch,
     ProtocolError,
     StreampackError,
+    pack_compact,
     wire,
 )
-from streampack.client import BatchStream, StreamDigest, StreamTimeout
+from streampack.client import (
+    REUSED_BLOCKS,
+    BatchMemory,
+    BatchStream,
+    StreamDigest,
+    StreamTimeout,
+)
 
 BINDING = Binding(vocab_size=512, tokenizer="t", split_receipt="r", partition="train")
 
@@ -205,3 +215,58 @@ def test_stream_digest_definition_is_pinned():
     assert digest.hexdigest() == h.hexdigest()
     assert (digest.batches, digest.fillers, digest.tokens) == (1, 1, 0)
     assert np.array_equal(batch.inputs, [[-1, -1]])
+
+
+def test_batch_memory_reuses_a_block_only_once_nothing_refers_to_it():
+    memory = BatchMemory()
+    held = memory.block(100)[8:24].view(np.int32)  # a view of a view refers to the block
+    block = weakref.ref(held.base)  # to name the block without holding it
+    assert memory.block(100) is not block()
+    del held
+    assert memory.block(100) is block()
+    assert memory.block(200) is not block()  # too small for the ask
+
+
+def test_batch_memory_keeps_a_bounded_number_of_blocks():
+    memory = BatchMemory()
+    held = [memory.block(64) for _ in range(3 * REUSED_BLOCKS)]
+    assert len({id(b) for b in held}) == len(held)  # all in use: every ask is a new block
+    del held
+    kept = {id(memory.block(64)) for _ in range(3 * REUSED_BLOCKS)}
+    assert len(kept) == 1  # the same free block, over and over
+
+
+def real_batches(count):
+    examples = Examples.from_documents([[1 + (d * 7 + j) % 500 for j in range(3 + d % 9)]
+                                        for d in range(12 * count)])
+    config = PackConfig(capacity=16, max_rows_per_batch=2)
+    return pack_compact(examples, BINDING, config)[:count]
+
+
+def test_batches_the_trainer_keeps_are_never_overwritten(fake):
+    """Every batch is kept while the stream goes on expanding into reused memory: each
+    must still hold exactly its own cells at the end."""
+    compacts = real_batches(3 * REUSED_BLOCKS)
+
+    def answer(fields, _):
+        epoch, index = fields["epoch"], fields["index"]
+        if epoch >= 1:
+            return [wire.encode("stream_end", {"epochs": 1})]
+        if index >= len(compacts):
+            return [wire.encode("epoch_end", {"epoch": 0, "per_rank": len(compacts),
+                                              "total": len(compacts)})]
+        compact = compacts[index]
+        batch_fields = {"epoch": 0, "index": index, "window": 0, "batch": index,
+                        "filler": False, "binding": wire.binding_to_wire(BINDING)}
+        return [wire.encode("batch", batch_fields | wire.batch_shape(compact),
+                            wire.batch_arrays(compact))]
+
+    producer = fake(answer)
+    with BatchStream(producer.endpoint, rank=0, world_size=1, timeout=30) as stream:
+        kept = [batch.inputs for batch in stream]  # one field is enough to hold the block
+        assert len(kept) == len(compacts)
+        for inputs, compact in zip(kept, compacts):
+            np.testing.assert_array_equal(inputs, compact.expand().inputs)
+    with BatchStream(producer.endpoint, rank=0, world_size=1, timeout=30) as stream:
+        blocks = {id(batch.inputs.base) for batch in stream}  # each dropped at once
+        assert len(blocks) <= 2
