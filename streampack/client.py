@@ -356,15 +356,16 @@ class BatchStream:
     def _handle(self, message: wire.Message) -> bool:
         """Take one answer; True when the stream has ended."""
         kind, f = message.kind, message.fields
-        if kind == "batch":
-            if f["epoch"] != self._epoch or f["index"] not in self._requested:
+        if kind == "batches":
+            if f["epoch"] != self._epoch:
                 return False  # an answer to a request from before a reset
-            batch = wire.batch_from_message(message, self.limits)
-            if self.binding is not None:
-                batch.check_binding(self.binding)
-            if f["index"] not in self._held:
-                self._held[f["index"]] = batch
-                size = batch.nbytes
+            for served in wire.batches_from_message(message, self.limits):
+                if served.index not in self._requested or served.index in self._held:
+                    continue  # from before a reset, or an answer that came twice
+                if self.binding is not None:
+                    served.batch.check_binding(self.binding)
+                self._held[served.index] = served.batch
+                size = served.batch.nbytes
                 self._held_bytes += size
                 self._batch_bytes = size
             return False

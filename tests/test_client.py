@@ -74,11 +74,14 @@ class FakeProducer:
         self.context.term()
 
 
+def batches_frames(epoch, index, batch, binding=BINDING):
+    served = [wire.ServedBatch(index, -1 if batch.filler else 0, index, batch)]
+    return [bytes(f) for f in wire.encode_batches(
+        epoch, wire.binding_to_wire(binding), batch.capacity, served)]
+
+
 def filler_frames(epoch, index, binding=BINDING):
-    batch = CompactBatch.filler_like(binding, 2, 8)
-    fields = {"epoch": epoch, "index": index, "window": -1, "batch": -1, "filler": True,
-              "binding": wire.binding_to_wire(binding)} | wire.batch_shape(batch)
-    return [bytes(f) for f in wire.encode("batch", fields, wire.batch_arrays(batch))]
+    return batches_frames(epoch, index, CompactBatch.filler_like(binding, 2, 8), binding)
 
 
 def serve_n(per_rank):
@@ -255,11 +258,7 @@ def test_batches_the_trainer_keeps_are_never_overwritten(fake):
         if index >= len(compacts):
             return [wire.encode("epoch_end", {"epoch": 0, "per_rank": len(compacts),
                                               "total": len(compacts)})]
-        compact = compacts[index]
-        batch_fields = {"epoch": 0, "index": index, "window": 0, "batch": index,
-                        "filler": False, "binding": wire.binding_to_wire(BINDING)}
-        return [wire.encode("batch", batch_fields | wire.batch_shape(compact),
-                            wire.batch_arrays(compact))]
+        return [batches_frames(0, index, compacts[index])]
 
     producer = fake(answer)
     with BatchStream(producer.endpoint, rank=0, world_size=1, timeout=30) as stream:
