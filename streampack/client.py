@@ -320,6 +320,9 @@ class BatchStream:
                 self._requested.remove(self._index)
                 self.current = (self._epoch, self._index)
                 self._index += self.world_size
+                # Ask ahead now, not when the held batches run out: several arrive in one
+                # message, and the producer then works while this trainer does.
+                self._request_more(socket)
                 return compact.expand(self._memory.block(compact.expanded_nbytes))
             if self._limit is not None and self._index >= self._limit:
                 self._epoch += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -143,6 +144,29 @@ def test_fetches_top_up_in_runs_once_half_are_answered(fake):
         assert sum(1 for _ in s) == 12
     assert [f["index"] for f in producer.fetches][:12] == list(range(12))
     assert producer.messages <= 12 // 2 + 2  # about one message per two batches, not per batch
+
+
+def test_the_next_run_is_asked_for_before_the_held_batches_run_out(fake):
+    """Answers come several to a message: the client asks for more once half of its
+    prefetch is left to yield, not once nothing is (which would stall it every run)."""
+    run = []
+
+    def bundled(fields, producer):  # the whole run in one message, as the producer does
+        run.append(fields["index"])
+        if len(run) < fields["count"]:
+            return []
+        filler = CompactBatch.filler_like(BINDING, 2, 8)
+        served = [wire.ServedBatch(index, -1, -1, filler) for index in run]
+        run.clear()
+        return [wire.encode_batches(0, wire.binding_to_wire(BINDING), 8, served)]
+
+    producer = fake(bundled)
+    with BatchStream(producer.endpoint, rank=0, world_size=1, timeout=30, prefetch=4) as s:
+        next(s), next(s)  # batches 2 and 3 are still held
+        deadline = time.monotonic() + 10
+        while producer.messages < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [f["index"] for f in producer.fetches] == [0, 1, 2, 3, 4, 5]
 
 
 def test_load_state_dict_resumes_at_the_cursor(fake):
