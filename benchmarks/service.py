@@ -145,9 +145,6 @@ def run_service(corpus: Path, workers: int, consumers: int, window_tokens: int,
         },
         "tokens": tokens,
         "batches": batches,
-        "batches_per_message": round(
-            (stats["batches_served"] + stats["fillers_served"]) / max(stats["batch_messages"], 1),
-            2),
     }
 
 

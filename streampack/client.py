@@ -320,9 +320,6 @@ class BatchStream:
                 self._requested.remove(self._index)
                 self.current = (self._epoch, self._index)
                 self._index += self.world_size
-                # Ask ahead now, not when the held batches run out: several arrive in one
-                # message, and the producer then works while this trainer does.
-                self._request_more(socket)
                 return compact.expand(self._memory.block(compact.expanded_nbytes))
             if self._limit is not None and self._index >= self._limit:
                 self._epoch += 1
@@ -359,16 +356,15 @@ class BatchStream:
     def _handle(self, message: wire.Message) -> bool:
         """Take one answer; True when the stream has ended."""
         kind, f = message.kind, message.fields
-        if kind == "batches":
-            if f["epoch"] != self._epoch:
+        if kind == "batch":
+            if f["epoch"] != self._epoch or f["index"] not in self._requested:
                 return False  # an answer to a request from before a reset
-            for served in wire.batches_from_message(message, self.limits):
-                if served.index not in self._requested or served.index in self._held:
-                    continue  # from before a reset, or an answer that came twice
-                if self.binding is not None:
-                    served.batch.check_binding(self.binding)
-                self._held[served.index] = served.batch
-                size = served.batch.nbytes
+            batch = wire.batch_from_message(message, self.limits)
+            if self.binding is not None:
+                batch.check_binding(self.binding)
+            if f["index"] not in self._held:
+                self._held[f["index"]] = batch
+                size = batch.nbytes
                 self._held_bytes += size
                 self._batch_bytes = size
             return False

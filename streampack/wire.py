@@ -1,9 +1,9 @@
-"""The wire protocol between producer, pack workers and consumers (version 5).
+"""The wire protocol between producer, pack workers and consumers (version 4).
 
 Every message is a ZeroMQ multipart message::
 
     frame 0      header: one msgpack map, keys in this order
-                   "v"  protocol version (int, 5)
+                   "v"  protocol version (int, 4)
                    "k"  kind (str, one of KINDS)
                    ...  the kind's fields, in the order KINDS lists them
                    "f"  one [name, dtype, shape] triple per following frame
@@ -14,7 +14,7 @@ For example ``encode_header("ready", {"credit": 2, "needs_tokens": False})`` is 
 37 bytes (the tests pin them)::
 
     85                    map of 5
-    a1 76 05              "v": 5
+    a1 76 04              "v": 4
     a1 6b a5 72 65 61 64 79      "k": "ready"
     a6 63 72 65 64 69 74 02      "credit": 2
     ac 6e 65 65 64 73 5f 74 6f 6b 65 6e 73 c2      "needs_tokens": false
@@ -39,11 +39,9 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
     fetch      C->P  rank world_size epoch index count
                                                  ask for global batches `index`, `index +
                                                  world_size`, ... (`count` of them) of `epoch`
-    batches    P->C  epoch binding capacity      frames: tokens occurrences table: one or
-                                                 more compact batches of one rank, in order
-                                                 (their selected tokens and occurrence
-                                                 records, concatenated) and one table row
-                                                 per batch (BATCH_TABLE_COLUMNS)
+    batch      P->C  epoch index window batch filler binding rows capacity
+                                                 frames: tokens occurrences (a compact batch:
+                                                 the selected tokens, occurrence records)
     epoch_end  P->C  epoch per_rank total        `index` is past this rank's share
     stream_end P->C  epochs                      no more epochs
     health     C->P  (none)                      are you serving?
@@ -64,14 +62,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 import numpy as np
 
 from streampack.errors import ProtocolError
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 4
 
 _INT = "int"
 _STR = "str"
@@ -87,13 +85,7 @@ _FLOAT = "float"
 # of all the bytes the producer moved, and a message per batch). Nor does a window carry
 # its tokens to a worker that only plans (version 4): next-fit needs the ranges alone,
 # and the tokens were half the bytes of a window message and a copy in the worker.
-# Batches ready for one consumer travel together (version 5): each message costs both
-# ends some 0.1 ms of Python and a wake-up, more than decoding a batch's table row.
-BATCH_FRAMES = ("tokens", "occurrences", "table")
-#: Columns of a ``batches`` message's table, one row per batch: its global index, the
-#: window and batch number within it it came from (-1 for a filler), whether it is a
-#: filler (0 or 1), its rows, and how many tokens and occurrence records are its own.
-BATCH_TABLE_COLUMNS = ("index", "window", "batch", "filler", "rows", "tokens", "occurrences")
+BATCH_FRAMES = ("tokens", "occurrences")
 PLAN_FRAMES = ("occurrences", "batch_sizes")
 WINDOW_FRAMES = ("tokens", "offsets", "doc", "start", "stop", "source_id", "example_id")
 
@@ -123,7 +115,19 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
         (("rank", _INT), ("world_size", _INT), ("epoch", _INT), ("index", _INT), ("count", _INT)),
         (),
     ),
-    "batches": ((("epoch", _INT), ("binding", _MAP), ("capacity", _INT)), BATCH_FRAMES),
+    "batch": (
+        (
+            ("epoch", _INT),
+            ("index", _INT),
+            ("window", _INT),
+            ("batch", _INT),
+            ("filler", _BOOL),
+            ("binding", _MAP),
+            ("rows", _INT),
+            ("capacity", _INT),
+        ),
+        BATCH_FRAMES,
+    ),
     "epoch_end": ((("epoch", _INT), ("per_rank", _INT), ("total", _INT)), ()),
     "stream_end": ((("epochs", _INT),), ()),
     "health": ((), ()),
@@ -143,7 +147,6 @@ FRAME_DTYPES: dict[str, tuple[str, ...]] = {
     "example_id": ("<i8",),
     "occurrences": ("occurrence",),
     "batch_sizes": ("<i8",),
-    "table": ("<i8",),
 }
 
 
@@ -408,77 +411,38 @@ def binding_from_wire(data: Mapping[str, Any]) -> Any:
         raise ProtocolError(f"binding {dict(data)!r} is invalid: {exc}") from None
 
 
-class ServedBatch(NamedTuple):
-    """One batch of a ``batches`` message: where it stands, and the batch itself."""
-
-    index: int
-    window: int
-    number: int
-    batch: Any  # CompactBatch
+def batch_arrays(batch: Any) -> dict[str, np.ndarray]:
+    """The frames of a ``CompactBatch`` in protocol order."""
+    return {"tokens": batch.tokens, "occurrences": batch.occurrences}
 
 
-def encode_batches(epoch: int, binding: Mapping[str, Any], capacity: int,
-                   served: Sequence[ServedBatch]) -> list[Any]:
-    """One ``batches`` message (see ``BATCH_TABLE_COLUMNS``) of batches for one rank."""
-    table = np.array([(s.index, s.window, s.number, s.batch.filler, s.batch.rows,
-                       s.batch.tokens.size, s.batch.occurrences.size) for s in served],
-                     np.int64).reshape(-1, len(BATCH_TABLE_COLUMNS))
-    arrays = {"tokens": _joined([s.batch.tokens for s in served]),
-              "occurrences": _joined([s.batch.occurrences for s in served]),
-              "table": table}
-    return encode("batches", {"epoch": epoch, "binding": binding, "capacity": capacity},
-                  arrays)
+def batch_shape(batch: Any) -> dict[str, int]:
+    """The header fields that say how to expand a ``CompactBatch``."""
+    return {"rows": batch.rows, "capacity": batch.capacity}
 
 
-def _joined(arrays: list[np.ndarray]) -> np.ndarray:
-    """The arrays end to end (no copy for one), in the dtype of those with elements: a
-    filler's empty int32 tokens must not widen a stream's uint16 ones."""
-    present = [array for array in arrays if array.size] or arrays[:1]
-    if len(present) == 1:
-        return present[0]
-    return np.concatenate(present, dtype=np.result_type(*present))
-
-
-def batches_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS
-                         ) -> list[ServedBatch]:
-    """The checked batches of a ``batches`` message (arrays share the frames).
+def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) -> Any:
+    """The checked ``CompactBatch`` of a ``batch`` message (arrays share the frames).
 
     A batch whose expanded int32 arrays would not fit one frame is refused, so a hostile
     header cannot make the receiver allocate without bound.
     """
     from streampack import CompactBatch, InvalidArray
 
-    if message.kind != "batches":
-        raise ProtocolError(f"expected a 'batches' message, got {message.kind!r}")
-    f, arrays = message.fields, message.arrays
-    table, tokens, occurrences = arrays["table"], arrays["tokens"], arrays["occurrences"]
-    if (table.ndim != 2 or table.shape[1] != len(BATCH_TABLE_COLUMNS)
-            or not 1 <= table.shape[0] <= limits.max_container_len):
-        raise ProtocolError(
-            f"batch table of shape {table.shape}; expected [1..{limits.max_container_len} "
-            f"batches, {len(BATCH_TABLE_COLUMNS)}] ({', '.join(BATCH_TABLE_COLUMNS)})")
-    counts = table[:, 5:]
-    if (counts < 0).any() or counts[:, 0].sum() != tokens.size \
-            or counts[:, 1].sum() != occurrences.size or not np.isin(table[:, 3], (0, 1)).all():
-        raise ProtocolError(
-            f"batch table {table.tolist()} does not describe the frames: need filler 0 or "
-            f"1, and token and occurrence counts >= 0 that add up to the {tokens.size} "
-            f"tokens and {occurrences.size} occurrences sent")
-    binding = binding_from_wire(f["binding"])
-    bounds = np.zeros((table.shape[0] + 1, 2), np.int64)
-    np.cumsum(counts, axis=0, out=bounds[1:])
-    served = []
-    for (index, window, number, filler, rows, _, _), (t0, o0), (t1, o1) in zip(
-            table.tolist(), bounds[:-1].tolist(), bounds[1:].tolist()):
-        try:
-            batch = CompactBatch(tokens=tokens[t0:t1], occurrences=occurrences[o0:o1],
-                                 rows=rows, capacity=f["capacity"], binding=binding,
-                                 filler=bool(filler)
-                                 ).checked(max_cells=limits.max_frame_bytes // 4)
-        except InvalidArray as exc:
-            raise ProtocolError(f"batch {index}: {exc}") from None
-        served.append(ServedBatch(index, window, number, batch))
-    return served
+    if message.kind != "batch":
+        raise ProtocolError(f"expected a 'batch' message, got {message.kind!r}")
+    f = message.fields
+    try:
+        return CompactBatch(
+            tokens=message.arrays["tokens"],
+            occurrences=message.arrays["occurrences"],
+            rows=f["rows"],
+            capacity=f["capacity"],
+            binding=binding_from_wire(f["binding"]),
+            filler=f["filler"],
+        ).checked(max_cells=limits.max_frame_bytes // 4)
+    except InvalidArray as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def curve_server(socket: Any, secret_key: bytes) -> None:

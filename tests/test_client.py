@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
-import time
 import weakref
 
 import numpy as np
@@ -75,14 +74,11 @@ class FakeProducer:
         self.context.term()
 
 
-def batches_frames(epoch, index, batch, binding=BINDING):
-    served = [wire.ServedBatch(index, -1 if batch.filler else 0, index, batch)]
-    return [bytes(f) for f in wire.encode_batches(
-        epoch, wire.binding_to_wire(binding), batch.capacity, served)]
-
-
 def filler_frames(epoch, index, binding=BINDING):
-    return batches_frames(epoch, index, CompactBatch.filler_like(binding, 2, 8), binding)
+    batch = CompactBatch.filler_like(binding, 2, 8)
+    fields = {"epoch": epoch, "index": index, "window": -1, "batch": -1, "filler": True,
+              "binding": wire.binding_to_wire(binding)} | wire.batch_shape(batch)
+    return [bytes(f) for f in wire.encode("batch", fields, wire.batch_arrays(batch))]
 
 
 def serve_n(per_rank):
@@ -144,29 +140,6 @@ def test_fetches_top_up_in_runs_once_half_are_answered(fake):
         assert sum(1 for _ in s) == 12
     assert [f["index"] for f in producer.fetches][:12] == list(range(12))
     assert producer.messages <= 12 // 2 + 2  # about one message per two batches, not per batch
-
-
-def test_the_next_run_is_asked_for_before_the_held_batches_run_out(fake):
-    """Answers come several to a message: the client asks for more once half of its
-    prefetch is left to yield, not once nothing is (which would stall it every run)."""
-    run = []
-
-    def bundled(fields, producer):  # the whole run in one message, as the producer does
-        run.append(fields["index"])
-        if len(run) < fields["count"]:
-            return []
-        filler = CompactBatch.filler_like(BINDING, 2, 8)
-        served = [wire.ServedBatch(index, -1, -1, filler) for index in run]
-        run.clear()
-        return [wire.encode_batches(0, wire.binding_to_wire(BINDING), 8, served)]
-
-    producer = fake(bundled)
-    with BatchStream(producer.endpoint, rank=0, world_size=1, timeout=30, prefetch=4) as s:
-        next(s), next(s)  # batches 2 and 3 are still held
-        deadline = time.monotonic() + 10
-        while producer.messages < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert [f["index"] for f in producer.fetches] == [0, 1, 2, 3, 4, 5]
 
 
 def test_load_state_dict_resumes_at_the_cursor(fake):
@@ -282,7 +255,11 @@ def test_batches_the_trainer_keeps_are_never_overwritten(fake):
         if index >= len(compacts):
             return [wire.encode("epoch_end", {"epoch": 0, "per_rank": len(compacts),
                                               "total": len(compacts)})]
-        return [batches_frames(0, index, compacts[index])]
+        compact = compacts[index]
+        batch_fields = {"epoch": 0, "index": index, "window": 0, "batch": index,
+                        "filler": False, "binding": wire.binding_to_wire(BINDING)}
+        return [wire.encode("batch", batch_fields | wire.batch_shape(compact),
+                            wire.batch_arrays(compact))]
 
     producer = fake(answer)
     with BatchStream(producer.endpoint, rank=0, world_size=1, timeout=30) as stream:

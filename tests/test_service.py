@@ -7,7 +7,6 @@ the in-process computation of the same windows and packing.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import threading
@@ -242,23 +241,3 @@ def test_trainers_ride_out_a_producer_restart(reference):
         first.producer = None
         first.__exit__(None, None, None)
     assert got == want
-
-
-def test_batches_for_a_consumer_are_grouped_into_bounded_messages():
-    from streampack import Binding, CompactBatch, wire
-    from workers.producer import BATCHES_BYTES, BATCHES_PER_MESSAGE, _message_groups
-
-    binding = Binding(vocab_size=8, tokenizer="t", split_receipt="r", partition="train")
-    filler = CompactBatch.filler_like(binding, 1, 4)  # no bytes: only the count bounds
-
-    def served(count, batch=filler):
-        return [wire.ServedBatch(i, -1, -1, batch) for i in range(count)]
-
-    groups = _message_groups(served(2 * BATCHES_PER_MESSAGE + 1))
-    assert [len(g) for g in groups] == [BATCHES_PER_MESSAGE, BATCHES_PER_MESSAGE, 1]
-    assert [s.index for g in groups for s in g] == list(range(2 * BATCHES_PER_MESSAGE + 1))
-    big = CompactBatch(tokens=np.zeros(BATCHES_BYTES // 5, np.uint16),  # 0.4 of the bytes
-                       occurrences=filler.occurrences, rows=1, capacity=4, binding=binding)
-    assert [len(g) for g in _message_groups(served(5, big))] == [2, 2, 1]  # by bytes
-    huge = dataclasses.replace(big, tokens=np.zeros(BATCHES_BYTES, np.uint16))
-    assert [len(g) for g in _message_groups(served(2, huge))] == [1, 1]  # one at least

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import msgpack
 import numpy as np
 import pytest
@@ -40,7 +38,7 @@ def worked_compact() -> CompactBatch:
 def test_ready_header_bytes_are_pinned():
     header = wire.encode_header("ready", {"credit": 2, "needs_tokens": False})
     assert header == bytes.fromhex(
-        "85" "a176" "05" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
+        "85" "a176" "04" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
         "ac" + b"needs_tokens".hex() + "c2" "a166" "90"
     )
     assert len(header) == 37
@@ -50,7 +48,7 @@ def test_fetch_header_bytes_are_pinned():
     header = wire.encode_header(
         "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4})
     expected = (
-        b"\x88\xa1v\x05\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\x88\xa1v\x04\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
         b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa1f\x90"
     )
     assert header == expected
@@ -78,33 +76,22 @@ def test_window_header_lists_frames_with_dtype_and_shape():
     np.testing.assert_array_equal(message.arrays["stop"], [2, 3])
 
 
-def batches_frames(*compacts, capacity=6, edit_table=None):
-    """A ``batches`` message of ``compacts`` as global batches 0, 1, ...; ``edit_table``
-    may change the table (a [batches, 7] int64 array) before it is sent."""
-    served = [wire.ServedBatch(i, 0, i, c) for i, c in enumerate(compacts)]
-    frames = wire.encode_batches(0, wire.binding_to_wire(BINDING), capacity, served)
-    if edit_table is None:
-        return frames
-    message = wire.decode(frames)
-    table = message.arrays["table"].copy()
-    edit_table(table)
-    return wire.encode("batches", message.fields, message.arrays | {"table": table})
+def batch_fields(compact, **overrides):
+    fields = {"epoch": 0, "index": 0, "window": 0, "batch": 0, "filler": False,
+              "binding": wire.binding_to_wire(BINDING)} | wire.batch_shape(compact)
+    return fields | overrides
 
 
 def test_batch_travels_compact_and_expands_to_the_packed_batch():
     compact = worked_compact()
-    frames = batches_frames(compact)
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
     header = msgpack.unpackb(frames[0])
-    assert (header["epoch"], header["capacity"]) == (0, 6)
-    assert header["f"] == [["tokens", "<i4", [12]], ["occurrences", "occurrence", [3]],
-                           ["table", "<i8", [1, 7]]]
+    assert (header["rows"], header["capacity"]) == (2, 6)
+    assert header["f"][0] == ["tokens", "<i4", [12]]
+    assert header["f"][1] == ["occurrences", "occurrence", [3]]
     assert bytes(frames[1]) == np.array(sum(WORKED, []), "<i4").tobytes()
-    # index, window, batch, filler, rows, tokens, occurrences
-    assert np.frombuffer(bytes(frames[3]), "<i8").tolist() == [0, 0, 0, 0, 2, 12, 3]
     zmq_frames = [zmq.Frame(bytes(f)) for f in frames]
-    (served,) = wire.batches_from_message(wire.decode(zmq_frames))
-    received = served.batch
-    assert (served.index, served.window, served.number) == (0, 0, 0)
+    received = wire.batch_from_message(wire.decode(zmq_frames))
     # The compact arrays are views of the received frames, not copies.
     assert np.shares_memory(received.tokens, np.frombuffer(zmq_frames[1].buffer, np.uint8))
     batch, again = worked_batch(), received.expand()
@@ -118,73 +105,25 @@ def test_batch_travels_compact_and_expands_to_the_packed_batch():
 
 
 def test_a_batch_costs_about_four_bytes_per_cell_on_the_wire():
-    frames = batches_frames(worked_compact())
-    assert sum(len(bytes(f)) for f in frames[1:]) == 12 * 4 + 3 * 64 + 7 * 8
+    compact = worked_compact()
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
+    assert sum(len(bytes(f)) for f in frames[1:]) == 12 * 4 + 3 * 64
     assert worked_batch().stats()["cells"] * 23 == 276
 
 
-def narrow(compact):
-    return dataclasses.replace(
-        compact, tokens=compact.tokens.astype(wire.token_dtype(BINDING.vocab_size)))
-
-
 def test_tokens_of_a_small_vocabulary_travel_as_uint16_and_expand_the_same():
-    frames = batches_frames(narrow(worked_compact()))
+    compact = worked_compact()
+    narrow = CompactBatch(tokens=compact.tokens.astype(wire.token_dtype(BINDING.vocab_size)),
+                          occurrences=compact.occurrences, rows=compact.rows,
+                          capacity=compact.capacity, binding=BINDING)
+    frames = wire.encode("batch", batch_fields(narrow), wire.batch_arrays(narrow))
     assert msgpack.unpackb(frames[0])["f"][0] == ["tokens", "<u2", [12]]
     assert len(bytes(frames[1])) == 12 * 2
-    (served,) = wire.batches_from_message(wire.decode(frames))
-    assert served.batch.tokens.dtype == np.uint16
-    assert served.batch.expand().digest() == worked_batch().digest()
+    received = wire.batch_from_message(wire.decode(frames))
+    assert received.tokens.dtype == np.uint16
+    assert received.expand().digest() == worked_batch().digest()
     wide = Binding(vocab_size=70_000, tokenizer="t", split_receipt="r", partition="train")
     assert wire.token_dtype(wide.vocab_size) == np.int32
-
-
-def test_several_batches_travel_in_one_message_and_come_apart_exactly():
-    one_row = pack_compact(Examples.from_documents(WORKED), BINDING,
-                           PackConfig(capacity=6, max_rows_per_batch=1))
-    filler = CompactBatch.filler_like(BINDING, 2, 6)  # int32 tokens, none of them
-    sent = [narrow(one_row[0]), filler, narrow(one_row[1])]
-    frames = batches_frames(*sent)
-    # The filler's empty int32 tokens do not widen the others' uint16 ones.
-    assert msgpack.unpackb(frames[0])["f"][0] == ["tokens", "<u2", [12]]
-    received = wire.batches_from_message(wire.decode(frames))
-    assert [(s.index, s.batch.filler, s.batch.rows) for s in received] == [
-        (0, False, 1), (1, True, 2), (2, False, 1)]
-    for before, after in zip(sent, received):
-        assert after.batch.expand().digest() == before.expand().digest()
-
-
-def _set(column, value):
-    def edit(table):
-        table[0, wire.BATCH_TABLE_COLUMNS.index(column)] = value
-    return edit
-
-
-@pytest.mark.parametrize(
-    ("capacity", "edit_table", "match"),
-    [
-        (4, None, "batch 0: .*columns out of range"),
-        (6, _set("rows", 3), "no gap"),
-        (6, _set("rows", 1 << 40), "rows x capacity"),
-        (6, _set("filler", 1), "filler exactly when"),
-        (6, _set("filler", 2), "need filler 0 or 1"),
-        (6, _set("tokens", 11), "add up to the 12 tokens and 3 occurrences sent"),
-        (6, _set("occurrences", -1), "counts >= 0"),
-    ],
-)
-def test_an_inconsistent_batches_message_is_rejected(capacity, edit_table, match):
-    frames = batches_frames(worked_compact(), capacity=capacity, edit_table=edit_table)
-    with pytest.raises(ProtocolError, match=match):
-        wire.batches_from_message(wire.decode(frames))
-
-
-@pytest.mark.parametrize("table", [np.zeros((0, 7), np.int64), np.zeros((1, 6), np.int64),
-                                   np.zeros((257, 7), np.int64)])
-def test_a_batch_table_of_the_wrong_shape_is_rejected(table):
-    message = wire.decode(batches_frames(worked_compact()))
-    frames = wire.encode("batches", message.fields, message.arrays | {"table": table})
-    with pytest.raises(ProtocolError, match="batch table of shape"):
-        wire.batches_from_message(wire.decode(frames))
 
 
 def test_a_worker_sends_plans_and_the_producer_adds_the_window_tokens():
@@ -210,6 +149,22 @@ def test_a_worker_sends_plans_and_the_producer_adds_the_window_tokens():
                            rows=2, capacity=6, binding=BINDING)
     assert rebuilt.checked(max_cells=12).expand().digest() == worked_batch().digest()
     np.testing.assert_array_equal(window.selected_tokens(1, 3), WORKED[1] + WORKED[2])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"capacity": 4}, "columns out of range"),
+        ({"rows": 3}, "no gap"),
+        ({"rows": 1 << 40}, "rows x capacity"),
+        ({"filler": True}, "filler exactly when"),
+    ],
+)
+def test_an_inconsistent_batch_message_is_rejected(overrides, match):
+    compact = worked_compact()
+    frames = wire.encode("batch", batch_fields(compact, **overrides), wire.batch_arrays(compact))
+    with pytest.raises(ProtocolError, match=match):
+        wire.batch_from_message(wire.decode(frames))
 
 
 def _header(**overrides):

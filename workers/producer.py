@@ -79,29 +79,11 @@ MAX_ATTEMPTS = 5  # a window lost this often is quarantined (it may be killing w
 COUNTERS = (
     "workers_joined", "workers_lost", "windows_cut", "windows_issued", "windows_reissued",
     "windows_completed", "windows_failed", "batches_received", "batches_served",
-    "fillers_served", "batch_messages", "tokens_served", "duplicates_dropped", "stale_dropped",
+    "fillers_served", "tokens_served", "duplicates_dropped", "stale_dropped",
     "replayed_dropped", "rewinds", "rejected_worker", "rejected_consumer", "quarantined",
     "audited", "audit_failures", "window_bytes_peak", "reorder_bytes_peak",
 )
 MAX_PENDING_PER_CONSUMER = 1024
-# Most batches, and bytes of them (one batch at least), in one ``batches`` message: a
-# consumer's frame limit is sized for batches, not for a whole prefetch.
-BATCHES_PER_MESSAGE = 64
-BATCHES_BYTES = 8 << 20
-
-
-def _message_groups(batches: list[wire.ServedBatch]) -> list[list[wire.ServedBatch]]:
-    """``batches`` in order, cut into the groups that each travel as one message."""
-    groups: list[list[wire.ServedBatch]] = []
-    size = 0
-    for served in batches:
-        if not groups or len(groups[-1]) == BATCHES_PER_MESSAGE \
-                or size + served.batch.nbytes > BATCHES_BYTES:
-            groups.append([])
-            size = 0
-        groups[-1].append(served)
-        size += served.batch.nbytes
-    return groups
 
 
 @dataclasses.dataclass
@@ -186,7 +168,8 @@ class Producer:
         self.pending: dict[tuple[int, int], list[bytes]] = {}
         self.pending_count: dict[bytes, int] = collections.defaultdict(int)
         self.started = False
-        self._filler_batch: CompactBatch | None = None
+        self._filler_frames: list[Any] | None = None
+        self._filler_shape: dict[str, int] = {}
 
     # ------------------------------------------------------------------ cutting
 
@@ -633,16 +616,16 @@ class Producer:
               arrays: dict[str, Any] | None = None) -> None:
         socket.send_multipart([identity, *wire.encode(kind, fields, arrays)], copy=False)
 
-    def _filler(self) -> CompactBatch:
-        if self._filler_batch is None:
-            self._filler_batch = CompactBatch.filler_like(
+    def _filler(self) -> list[Any]:
+        if self._filler_frames is None:
+            batch = CompactBatch.filler_like(
                 self.binding, self.settings.max_rows_per_batch, self.settings.capacity
             )
-        return self._filler_batch
+            self._filler_frames = list(wire.batch_arrays(batch).items())
+            self._filler_shape = wire.batch_shape(batch)
+        return self._filler_frames
 
     def _serve_pending(self, socket: zmq.Socket) -> None:
-        # Batches for one consumer go out together, per epoch, after the pass.
-        served: dict[tuple[bytes, int], list[wire.ServedBatch]] = {}
         for key in list(self.pending):
             epoch, index = key
             identities = self.pending[key]
@@ -661,17 +644,21 @@ class Producer:
                     if self.floors.get(rank, nxt) < nxt:
                         self.floors[rank] = nxt
                 elif limit is not None and index >= self.totals[epoch]:
+                    frames = dict(self._filler())
+                    fields = {"epoch": epoch, "index": index, "window": -1, "batch": -1,
+                              "filler": True, "binding": self.binding_wire} | self._filler_shape
                     for identity in identities:
-                        served.setdefault((identity, epoch), []).append(
-                            wire.ServedBatch(index, -1, -1, self._filler()))
+                        self._send(socket, identity, "batch", fields, frames)
                     self.stats["fillers_served"] += 1
                     self._advance_floor(key)
                 elif key in self.ready:
                     batch, window, number = self.ready.pop(key)
                     self.reorder_bytes -= batch.nbytes
+                    fields = {"epoch": epoch, "index": index, "window": window,
+                              "batch": number, "filler": False, "binding": self.binding_wire,
+                              } | wire.batch_shape(batch)
                     for identity in identities:
-                        served.setdefault((identity, epoch), []).append(
-                            wire.ServedBatch(index, window, number, batch))
+                        self._send(socket, identity, "batch", fields, wire.batch_arrays(batch))
                     self.stats["batches_served"] += 1
                     self.stats["tokens_served"] += batch.real_tokens
                     self._advance_floor(key)
@@ -682,12 +669,6 @@ class Producer:
                 self.pending_count[identity] -= 1
                 if self.pending_count[identity] <= 0:
                     del self.pending_count[identity]
-        for (identity, epoch), batches in served.items():
-            for group in _message_groups(batches):
-                frames = wire.encode_batches(epoch, self.binding_wire, self.settings.capacity,
-                                             group)
-                socket.send_multipart([identity, *frames], copy=False)
-                self.stats["batch_messages"] += 1
 
     def _advance_floor(self, key: tuple[int, int]) -> None:
         rank = key[1] % self.world_size
