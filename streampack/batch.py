@@ -88,11 +88,11 @@ def expanded_arrays(rows: int, capacity: int, block: np.ndarray | None = None
     if block is None:
         block = np.empty(expanded_nbytes(rows, capacity), np.uint8)
     views, offset = {}, 0
-    for name in _BLOCK_ORDER:
+    for name in _BLOCK_ORDER:  # np.ndarray over the block: the cheapest view numpy makes
+        dtype, cells = ARRAY_DTYPES[name], rows if name == "valid_lengths" else rows * capacity
         shape = (rows,) if name == "valid_lengths" else (rows, capacity)
-        size = ARRAY_DTYPES[name].itemsize * int(np.prod(shape))
-        views[name] = block[offset:offset + size].view(ARRAY_DTYPES[name]).reshape(shape)
-        offset += size
+        views[name] = np.ndarray(shape, dtype, block, offset)
+        offset += dtype.itemsize * cells
     return {name: views[name] for name in ARRAY_DTYPES}
 
 
