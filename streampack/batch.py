@@ -89,10 +89,9 @@ def expanded_arrays(rows: int, capacity: int, block: np.ndarray | None = None
         block = np.empty(expanded_nbytes(rows, capacity), np.uint8)
     views, offset = {}, 0
     for name in _BLOCK_ORDER:  # np.ndarray over the block: the cheapest view numpy makes
-        dtype, cells = ARRAY_DTYPES[name], rows if name == "valid_lengths" else rows * capacity
         shape = (rows,) if name == "valid_lengths" else (rows, capacity)
-        views[name] = np.ndarray(shape, dtype, block, offset)
-        offset += dtype.itemsize * cells
+        views[name] = np.ndarray(shape, ARRAY_DTYPES[name], block, offset)
+        offset += views[name].nbytes
     return {name: views[name] for name in ARRAY_DTYPES}
 
 
