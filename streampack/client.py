@@ -320,7 +320,8 @@ class BatchStream:
                 self._requested.remove(self._index)
                 self.current = (self._epoch, self._index)
                 self._index += self.world_size
-                return compact.expand(self._memory.block(compact.expanded_nbytes))
+                block = None if compact.filler else self._memory.block(compact.expanded_nbytes)
+                return compact.expand(block)
             if self._limit is not None and self._index >= self._limit:
                 self._epoch += 1
                 self._index = self.rank
