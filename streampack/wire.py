@@ -174,7 +174,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
 
 
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WireLimits:
     """What a receiver accepts. Larger messages are rejected before they are parsed."""
