@@ -9,7 +9,10 @@ export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 $(BIN)/streampack: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,cuda]'
+	# The CPU build of torch first: a bare `torch` requirement would pull a CUDA build of
+	# several GB, where this release is served as a CPU wheel.
+	$(BIN)/pip install --quiet 'torch==2.13.0'
+	$(BIN)/pip install --quiet -e '.[test,cuda,data,hf,plot]'
 	touch $@
 
 demo: $(BIN)/streampack
@@ -20,6 +23,7 @@ test: $(BIN)/streampack
 	$(BIN)/python -m pytest -q
 
 bench: $(BIN)/streampack
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/pack.py
 
 clean:
