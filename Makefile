@@ -29,6 +29,13 @@ bench: $(BIN)/streampack
 clean:
 	rm -rf $(VENV) .numba_cache .pytest_cache .hypothesis
 
+# On a machine with an NVIDIA GPU: the CUDA scenario suite and the audit compiled for
+# that GPU, then the GPU benchmark (JSON on stdout).
+.PHONY: test-gpu
+test-gpu: $(BIN)/streampack
+	STREAMPACK_CUDA_DEVICE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/cudasim
+	$(BIN)/python benchmarks/gpu_attention.py
+
 # The image, built from a locally made Debian base, tested end to end on a real Docker
 # engine (started when none runs); prints "DOCKER TESTS SKIPPED: ..." where none can.
 .PHONY: test-docker

@@ -1,18 +1,26 @@
-"""Tests here run only inside a process started with ``NUMBA_ENABLE_CUDASIM=1``.
+"""Tests here run in a process that has a CUDA target: the simulator or a real GPU.
 
-The simulator must be switched on before Numba is first imported, so
-``tests/test_attention_cuda_sim.py`` starts a fresh pytest process for this folder with
-the variable set; an ordinary test run skips collecting it.
+* ``NUMBA_ENABLE_CUDASIM=1``: the simulator must be switched on before Numba is first
+  imported, so ``tests/test_attention_cuda_sim.py`` starts a fresh pytest process for
+  this folder with the variable set.
+* ``STREAMPACK_CUDA_DEVICE=1``: the same suite compiled for and run on a real GPU
+  (``make test-gpu``, on a machine that has one).
+
+An ordinary test run skips collecting this folder.
 """
 
 import os
 import sys
 from pathlib import Path
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+if not simulated and os.environ.get("STREAMPACK_CUDA_DEVICE") != "1":
     collect_ignore_glob = ["test_*.py"]
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from _cudasim import prepare_simulator
+    if simulated:
+        from _cudasim import prepare_simulator
 
-    prepare_simulator()
+        prepare_simulator()
+        # The simulator's copy of this comparison runs in tests/test_decoder_cuda_sim.py.
+        collect_ignore = ["test_device_decoder.py"]
