@@ -22,6 +22,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("consume", "workers.consume", "drain one rank's stream; print throughput and a digest"),
     ("digest", "workers.digest", "compute in process the digest `consume` prints"),
     ("health", "workers.health", "ask a producer whether it is serving (exit 0) or not (1)"),
+    ("inspect", "workers.inspect_batch", "picture one batch: cells by segment, permission matrix"),
     ("demo", "workers.demo", "serve the bundled corpus to two ranks and verify exactly once"),
 ]
 

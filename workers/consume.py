@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-in", help="resume from the cursor in this JSON file")
     parser.add_argument("--state-out", help="write the final cursor to this JSON file")
     parser.add_argument("--record", help="write received occurrence identities to this .npy")
+    parser.add_argument("--save-batch", metavar="FILE.npz",
+                        help="save the last batch received (with --max-batches N, this "
+                        "rank's N-th) for `streampack inspect --batch-file`")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--no-digest", dest="digest", action="store_false",
                         help="skip hashing (measure transport alone); digest is then empty")
@@ -60,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     digest = StreamDigest()
     records: list[np.ndarray] = []
+    last: Any = None
     with BatchStream(
         settings.connect,
         rank=args.rank,
@@ -93,6 +97,8 @@ def main(args: argparse.Namespace) -> int:
                 digest.tokens += int(batch.valid_lengths.sum())
             if args.record:
                 records.append(occurrence_ids(batch))
+            if args.save_batch:
+                last = batch
             if args.delay:
                 time.sleep(args.delay)
             now = time.perf_counter()
@@ -109,6 +115,10 @@ def main(args: argparse.Namespace) -> int:
     if args.state_out:
         with open(args.state_out, "w") as handle:
             json.dump(state, handle)
+    if args.save_batch and last is not None:
+        from streampack.render import save_batch
+
+        save_batch(last, args.save_batch)
     if args.record:
         np.save(args.record, np.concatenate(records) if records else np.zeros((0, 3), np.int64))
     print(json.dumps(digest.summary(args.rank, args.world_size, state) | {
