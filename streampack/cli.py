@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from .errors import StreampackError
+from .logs import add_logging_flags, setup_logging
 
 # (name, module, one-line help). Add a subcommand by adding a row.
 COMMANDS: list[tuple[str, str, str]] = [
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
         module.configure(sub)
+        add_logging_flags(sub)
         sub.set_defaults(_module=module)
     return parser
 
@@ -44,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        # Every process logs alike: its role is the subcommand (see streampack.logs).
+        setup_logging(args.command, fmt=args.log_format, level=args.log_level)
         return int(args._module.main(args) or 0)
     except StreampackError as error:
         # A user mistake (bad flag value, missing corpus, ...): say what, not a traceback.

@@ -60,8 +60,8 @@ import bisect
 import collections
 import dataclasses
 import json
+import logging
 import signal
-import sys
 import time
 from typing import Any
 
@@ -75,6 +75,7 @@ from streampack.packing import warm_up_kernels
 from streampack.settings import ProducerSettings, add_flags, from_args, read_curve_secret
 from streampack.sources import CutSpec, Window, iter_windows, open_corpus
 
+logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5  # a window lost this often is quarantined (it may be killing workers)
 COUNTERS = (
     "workers_joined", "workers_lost", "windows_cut", "windows_issued", "windows_reissued",
@@ -113,7 +114,7 @@ class Producer:
                 "corpus is not set; pass --corpus PATH or set corpus in the [producer] table"
             )
         self.settings = settings
-        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        self.log = log or logger.info
         self.source = open_corpus(settings.corpus)
         self.binding = self.source.binding.to_binding()
         self.binding_wire = wire.binding_to_wire(self.binding)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,13 +21,14 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
 
 from streampack.errors import InvalidConfig
+from streampack.logs import logging_args
 from streampack.settings import ProducerSettings, add_flags, from_args
 from workers.producer import Producer, install_stop_handlers
 
 _PR_SET_PDEATHSIG = 1
+logger = logging.getLogger(__name__)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -46,12 +48,11 @@ class Supervisor:
     """Starts, restarts and finally stops the worker processes."""
 
     def __init__(self, count: int, endpoint: str, worker_args: list[str], *,
-                 grace: float = 5.0, log: Any = None) -> None:
+                 grace: float = 5.0) -> None:
         self.count = count
         self.endpoint = endpoint
         self.worker_args = worker_args
         self.grace = grace
-        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
         self.restarts = 0
         self._stop = threading.Event()
@@ -62,7 +63,7 @@ class Supervisor:
                    "--connect", self.endpoint, *self.worker_args]
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         self.procs[slot] = subprocess.Popen(command, preexec_fn=preexec)
-        self.log(f"serve: worker {slot} started as pid {self.procs[slot].pid}")
+        logger.info("worker %d started as pid %d", slot, self.procs[slot].pid)
 
     def _loop(self) -> None:
         for slot in range(self.count):
@@ -71,8 +72,8 @@ class Supervisor:
             for slot, proc in enumerate(self.procs):
                 if proc is not None and proc.poll() is not None:
                     self.restarts += 1
-                    self.log(f"serve: worker {slot} (pid {proc.pid}) exited with "
-                             f"{proc.returncode}; restarting")
+                    logger.warning("worker %d (pid %d) exited with %s; restarting", slot,
+                                   proc.pid, proc.returncode)
                     self._spawn(slot)
         self._terminate()
 
@@ -121,7 +122,8 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"streampack serve: {exc}") from None
     if args.workers < 1:
         raise SystemExit(f"streampack serve: --workers {args.workers}; at least 1 is needed")
-    worker_args: list[str] = []
+    # Workers log like serve does (format and level).
+    worker_args: list[str] = logging_args(args) if hasattr(args, "log_format") else []
     if settings.curve_secret_key_file:
         import zmq
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import signal
-import sys
 import time
 from typing import Any
 
@@ -41,6 +41,8 @@ import zmq
 from streampack import Examples, PackConfig, StreampackError, wire
 from streampack.packing import compact_batches, plan_compact, plan_ranges, warm_up_kernels
 from streampack.settings import WorkerSettings, add_flags, from_args
+
+logger = logging.getLogger(__name__)
 
 
 def window_examples(arrays: dict[str, np.ndarray]) -> Examples:
@@ -81,10 +83,9 @@ def _warm_up(audit: Any = None) -> str:
 class Worker:
     """One pack worker process's loop; ``run()`` returns when stopped."""
 
-    def __init__(self, settings: WorkerSettings, *, log: Any = None) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.limits = wire.WireLimits(max_frame_bytes=settings.max_message_bytes)
-        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         self.stopping = False
         self.counters = {"windows": 0, "batches": 0, "failed": 0, "rejected": 0, "audited": 0,
                          "audit_failures": 0}
@@ -140,7 +141,7 @@ class Worker:
                                                  arrays["example_id"], config)
         except StreampackError as exc:
             self.counters["failed"] += 1
-            self.log(f"worker: window {epoch}/{window} failed to pack: {exc}")
+            logger.warning("window %d/%d failed to pack: %s", epoch, window, exc)
             self._send(socket, "failed", {"epoch": epoch, "window": window, "error": str(exc)})
             return
         audited = failures = 0
@@ -186,7 +187,7 @@ class Worker:
     def run(self) -> int:
         self._audit_broken = _warm_up(self._audit_fn)
         if self._audit_broken:
-            self.log(f"worker: {self._audit_broken}; packing continues, audits count as failed")
+            logger.error("%s; packing continues, audits count as failed", self._audit_broken)
         context = zmq.Context()
         socket = context.socket(zmq.DEALER)
         wire.configure_socket(socket, self.settings.max_message_bytes)
@@ -209,7 +210,7 @@ class Worker:
                             )
                     except wire.ProtocolError as exc:
                         self.counters["rejected"] += 1
-                        self.log(f"worker: rejected a message: {exc}")
+                        logger.warning("rejected a message: %s", exc)
                         self._send(socket, "error", {"message": str(exc)[:1000]})
                         continue
                     self.handle_window(socket, message)
@@ -235,5 +236,5 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    worker.log(f"worker {os.getpid()}: connecting to {settings.connect}")
+    logger.info("worker %d connecting to %s", os.getpid(), settings.connect)
     return worker.run()
