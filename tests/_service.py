@@ -60,7 +60,7 @@ def start(*args: str, stdout: Any = subprocess.PIPE, stderr: Any = None) -> subp
 
 
 def wait_healthy(endpoint: str, timeout: float = 60.0, key: str | None = None) -> dict[str, Any]:
-    from workers.health import check
+    from streampack.service.health import check
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,7 +71,7 @@ def wait_healthy(endpoint: str, timeout: float = 60.0, key: str | None = None) -
 
 
 def stats(endpoint: str, key: str | None = None) -> dict[str, Any]:
-    from workers.health import check
+    from streampack.service.health import check
 
     status = check(endpoint, 10.0, key)
     assert status is not None, f"no status from {endpoint}"
@@ -153,9 +153,10 @@ def result(proc: subprocess.Popen, timeout: float = 180.0) -> dict[str, Any]:
 
 def expected(corpus: Path | str, rank: int, world_size: int, **settings: Any) -> dict[str, Any]:
     """What ``streampack digest`` computes in process, as a dict."""
+    from streampack.service.digest import rank_stream
+
     from streampack.client import StreamDigest
     from streampack.settings import ProducerSettings
-    from workers.digest import rank_stream
 
     merged = {"corpus": str(corpus), **SMALL, **settings}
     digest = StreamDigest()

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from streampack.service.inspect_batch import corpus_batch, worked_example
 
 from streampack import render
 from streampack.cli import main as cli_main
 from streampack.errors import StreampackError
-from workers.inspect_batch import corpus_batch, worked_example
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "fixtures" / "seed" / "inspect.txt"

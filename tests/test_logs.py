@@ -35,7 +35,7 @@ def restore_logging():
 def test_text_lines_carry_time_level_role_identity_and_escape_peer_text(restore_logging):
     out = io.StringIO()
     setup_logging("worker", identity="node-3:4121", stream=out)
-    log = logging.getLogger("workers.worker")
+    log = logging.getLogger("streampack.service.worker")
     log.info("connecting to %s", "tcp://h:5555")
     log.warning("rejected a message: %s", FORGED)
     log.debug("not shown at INFO")
@@ -44,7 +44,7 @@ def test_text_lines_carry_time_level_role_identity_and_escape_peer_text(restore_
     first, second = (TEXT_LINE.match(line) for line in lines)
     assert first and second
     assert first["role"] == "worker" and first["identity"] == "node-3:4121"
-    assert first["logger"] == "workers.worker" and first["message"] == "connecting to tcp://h:5555"
+    assert first["logger"] == "streampack.service.worker" and first["message"] == "connecting to tcp://h:5555"
     assert lines[1].split()[1] == "WARNING"
     assert second["message"] == "rejected a message: " + escape(FORGED)
     assert "\\n2026-01-01" in second["message"] and second["message"].endswith("\\r")
@@ -65,12 +65,12 @@ def test_a_traceback_is_indented_so_it_cannot_pass_for_a_record(restore_logging)
 def test_json_lines_are_one_object_each_with_the_peer_text_intact(restore_logging):
     out = io.StringIO()
     setup_logging("serve", fmt="json", level="debug", identity="h:2", stream=out)
-    logging.getLogger("workers.serve").debug("peer said %s", FORGED)
+    logging.getLogger("streampack.service.serve").debug("peer said %s", FORGED)
     lines = out.getvalue().splitlines()
     assert len(lines) == 1
     entry = json.loads(lines[0])
     assert entry["level"] == "DEBUG" and entry["role"] == "serve" and entry["identity"] == "h:2"
-    assert entry["logger"] == "workers.serve" and entry["message"] == "peer said " + FORGED
+    assert entry["logger"] == "streampack.service.serve" and entry["message"] == "peer said " + FORGED
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$", entry["time"])
     # A second setup replaces the first handler instead of doubling every line.
     setup_logging("serve", fmt="json", identity="h:2", stream=out)

@@ -1,7 +1,7 @@
 """The service end to end: determinism, exactly once, worker failure, consumer restart.
 
 Real ``streampack`` processes (producer, workers, ``serve``, ``consume``) talk over
-ZeroMQ on 127.0.0.1; the expected streams come from ``workers.digest.rank_stream``,
+ZeroMQ on 127.0.0.1; the expected streams come from ``streampack.service.digest.rank_stream``,
 the in-process computation of the same windows and packing.
 """
 

@@ -141,8 +141,9 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
     Plans that lose, repeat or shift a document, or change a range, are refused with an
     error reply and counted, the window goes to another worker, and the consumer
     receives exactly the stream of an undisturbed run."""
+    from streampack.service.worker import pack_config_from_wire, window_examples
+
     from streampack.packing import plan_compact
-    from workers.worker import pack_config_from_wire, window_examples
 
     with Service(FIXTURE, heartbeat_timeout=2.0) as service:
         consumer = consume(service.consumer_endpoint, 0, 1)
@@ -192,8 +193,9 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
 def test_a_worker_rejects_malformed_windows_and_keeps_packing():
     """Property 6 for the worker's socket: this test plays the producer. A window sent
     without its tokens is planned from its ranges exactly as ``plan_compact`` plans it."""
+    from streampack.service.worker import pack_config_from_wire, window_examples
+
     from streampack.packing import plan_compact
-    from workers.worker import pack_config_from_wire, window_examples
 
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
@@ -354,10 +356,10 @@ def test_unbounded_epochs_stream_on_and_audits_reach_the_producer():
     """epochs = 0 streams epoch after epoch (each its own shuffle); ``--audit-every``
     audits batches in the workers and the producer counts the outcomes."""
     from _service import SMALL
+    from streampack.service.digest import rank_stream
 
     from streampack.client import BatchStream
     from streampack.settings import ProducerSettings
-    from workers.digest import rank_stream
 
     settings = {"epochs": 0, "shuffle": True, "seed": 2}
     reference = rank_stream(ProducerSettings(corpus=str(FIXTURE), **SMALL, **settings), 0, 1)
@@ -393,8 +395,9 @@ def test_a_corpus_with_nothing_packable_ends_an_unbounded_stream(tmp_path):
 def test_curve_producer_serves_only_clients_that_know_its_key(tmp_path):
     """With a CURVE secret key the producer's sockets encrypt; workers (under serve) and
     consumers given its public key get the full stream, a client without it nothing."""
+    from streampack.service.health import check
+
     from streampack.client import BatchStream, StreamTimeout
-    from workers.health import check
 
     public, secret = zmq.curve_keypair()
     (tmp_path / "producer.key").write_bytes(secret + b"\n")

@@ -109,7 +109,7 @@ def test_produce_without_a_corpus_says_how_to_give_one():
 
 
 def test_demo_outside_a_checkout_asks_for_corpus(tmp_path, monkeypatch):
-    from workers import demo
+    from streampack.service import demo
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(demo, "__file__", str(tmp_path / "site" / "workers" / "demo.py"))

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from streampack.service.consume import occurrence_ids
+from streampack.service.health import check
 
 from streampack.client import BatchStream
 from streampack.sources import CutSpec, iter_windows, open_corpus
-from workers.consume import occurrence_ids
-from workers.health import check
 
 DEMO_SETTINGS = {
     "capacity": 256,

@@ -16,11 +16,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from streampack.service.worker import window_examples
+
 from streampack import PackConfig, PackedBatch, pack_examples
 from streampack.client import StreamDigest
 from streampack.settings import ProducerSettings, add_flags, from_args
 from streampack.sources import CutSpec, iter_windows, open_corpus
-from workers.worker import window_examples
 
 
 def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterator[PackedBatch]:

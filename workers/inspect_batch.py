@@ -38,8 +38,9 @@ def worked_example(fixture: str | None) -> PackedBatch:
 
 def corpus_batch(settings: ProducerSettings, epoch: int, index: int) -> PackedBatch:
     """Global batch ``index`` of ``epoch``, as the service numbers it."""
+    from streampack.service.digest import epoch_batches
+
     from streampack.sources import open_corpus
-    from workers.digest import epoch_batches
 
     if epoch < 0 or index < 0:
         raise InvalidConfig(f"--epoch {epoch} --batch {index}; accepted: both >= 0")

@@ -22,10 +22,11 @@ import tempfile
 import threading
 import time
 
+from streampack.service.producer import Producer, install_stop_handlers
+
 from streampack.errors import InvalidConfig
 from streampack.logs import logging_args
 from streampack.settings import ProducerSettings, add_flags, from_args
-from workers.producer import Producer, install_stop_handlers
 
 _PR_SET_PDEATHSIG = 1
 logger = logging.getLogger(__name__)

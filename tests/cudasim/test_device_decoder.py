@@ -13,6 +13,7 @@ from _decoder_cases import random_case, worked_example
 import streampack as sp
 from streampack.decoder import DecoderConfig
 
+
 @pytest.mark.parametrize("profile", ["small", "large"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_audit_passes_on_the_gpu(profile, seed):
