@@ -7,7 +7,7 @@ identity (``host:pid``, a pod's name under Kubernetes):
 
 - ``text`` (the default), for people::
 
-      2026-11-30T21:40:12.345Z INFO    worker[node-3:4121] workers.worker: connecting ...
+      2026-11-30T21:40:12.345Z INFO    worker[node-3:4121] streampack.service.worker: connecting ...
 
 - ``json``, for log shippers: one JSON object per line with the keys ``time``,
   ``level``, ``role``, ``identity``, ``logger``, ``message`` (and ``exception``).

@@ -70,7 +70,8 @@ def test_json_lines_are_one_object_each_with_the_peer_text_intact(restore_loggin
     assert len(lines) == 1
     entry = json.loads(lines[0])
     assert entry["level"] == "DEBUG" and entry["role"] == "serve" and entry["identity"] == "h:2"
-    assert entry["logger"] == "streampack.service.serve" and entry["message"] == "peer said " + FORGED
+    assert entry["logger"] == "streampack.service.serve"
+    assert entry["message"] == "peer said " + FORGED
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$", entry["time"])
     # A second setup replaces the first handler instead of doubling every line.
     setup_logging("serve", fmt="json", identity="h:2", stream=out)
