@@ -67,6 +67,16 @@ def _check_int(field: str, value: Any, *, minimum: int) -> None:
         raise InvalidConfig(f"{field} = {value!r} must be an integer >= {minimum}")
 
 
+def _check_metrics(port: Any, address: Any) -> None:
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 <= port <= 65535):
+        raise InvalidConfig(f"metrics_port = {port!r} must be a TCP port in 0..65535 "
+                            f"(0: any free port), or unset to serve no metrics")
+    if not isinstance(address, str) or not address:
+        raise InvalidConfig(f"metrics_address = {address!r} must be an IP address or host "
+                            f"name, e.g. 127.0.0.1 or 0.0.0.0")
+
+
 def _check_float(field: str, value: Any, *, minimum: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > minimum:
         raise InvalidConfig(f"{field} = {value!r} must be a number > {minimum}")
@@ -96,8 +106,11 @@ class ProducerSettings:
     heartbeat_timeout: float = 5.0
     quarantine_path: str | None = None
     curve_secret_key_file: str | None = None
+    metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
+        _check_metrics(self.metrics_port, self.metrics_address)
         if self.corpus is not None and not isinstance(self.corpus, str):
             raise InvalidConfig(f"corpus = {self.corpus!r} must be a path string")
         _check_endpoint("worker_endpoint", self.worker_endpoint)
@@ -134,8 +147,11 @@ class WorkerSettings:
     audit_every: int = 0
     max_message_bytes: int = 256 * _MIB
     curve_server_key: str | None = None
+    metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
+        _check_metrics(self.metrics_port, self.metrics_address)
         _check_endpoint("connect", self.connect)
         _check_curve_key("curve_server_key", self.curve_server_key)
         _check_int("prefetch", self.prefetch, minimum=1)
@@ -189,6 +205,8 @@ FIELD_HELP: dict[str, str] = {
     "curve_secret_key_file": "file holding the producer's Z85 CURVE secret key; when set, "
     "both endpoints encrypt and only clients that know the public key can talk to it",
     "curve_server_key": "the producer's Z85 CURVE public key (when the producer uses CURVE)",
+    "metrics_port": "serve Prometheus metrics at http://ADDRESS:PORT/metrics (unset: none)",
+    "metrics_address": "address the metrics server listens on (0.0.0.0: every interface)",
     "connect": "producer endpoint to connect to",
     "prefetch": "windows (worker) or batches (consumer) requested ahead",
     "heartbeat_interval": "seconds between worker heartbeats",

@@ -81,7 +81,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--color", dest="color", default=None,
                         action=argparse.BooleanOptionalAction,
                         help="ANSI colours (default: on a terminal only, and not with NO_COLOR)")
-    add_flags(parser, ProducerSettings, skip=("worker_endpoint", "consumer_endpoint"))
+    add_flags(parser, ProducerSettings, skip=("worker_endpoint", "consumer_endpoint",
+                                                  "metrics_port", "metrics_address"))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -82,7 +82,7 @@ COUNTERS = (
     "windows_completed", "windows_failed", "batches_received", "batches_served",
     "fillers_served", "tokens_served", "duplicates_dropped", "stale_dropped",
     "replayed_dropped", "rewinds", "rejected_worker", "rejected_consumer", "quarantined",
-    "audited", "audit_failures", "window_bytes_peak", "reorder_bytes_peak",
+    "audited", "audit_failures", "window_bytes_peak", "reorder_bytes_peak", "cells_served",
 )
 MAX_PENDING_PER_CONSUMER = 1024
 
@@ -137,6 +137,8 @@ class Producer:
         for name in COUNTERS:
             self.stats[name] = 0
         self.quarantine_reasons: dict[str, int] = collections.defaultdict(int)
+        self.tokens_by_rank: dict[int, int] = collections.defaultdict(int)  # rank < world_size
+        self.metrics: Any = None  # service.metrics.ProducerMetrics while metrics are served
         self._quarantine_file = (
             open(settings.quarantine_path, "a") if settings.quarantine_path else None
         )
@@ -381,6 +383,8 @@ class Producer:
         self.stats["audited"] += f["audited"]
         self.stats["audit_failures"] += f["audit_failures"]
         self.stats["pack_seconds"] += f["seconds"]
+        if self.metrics is not None and 0.0 <= f["seconds"] <= 1e6:  # NaN fails both
+            self.metrics.observe_pack(f["seconds"])
         if f["audit_error"]:
             self.stats["last_audit_error"] = f["audit_error"][:500]
             self.log(f"producer: audit failures in window {key}: {f['audit_error']}")
@@ -662,6 +666,8 @@ class Producer:
                         self._send(socket, identity, "batch", fields, wire.batch_arrays(batch))
                     self.stats["batches_served"] += 1
                     self.stats["tokens_served"] += batch.real_tokens
+                    self.stats["cells_served"] += batch.rows * batch.capacity
+                    self.tokens_by_rank[index % self.world_size] += batch.real_tokens
                     self._advance_floor(key)
                 else:
                     continue
@@ -689,6 +695,7 @@ class Producer:
             ready_batches=len(self.ready),
             pending_fetches=sum(len(v) for v in self.pending.values()),
             quarantine_reasons=dict(self.quarantine_reasons),
+            tokens_served_by_rank={str(r): n for r, n in sorted(self.tokens_by_rank.items())},
             epoch=self.asm_epoch,
         )
         return {k: (float(v) if isinstance(v, float) else v) for k, v in stats.items()}
@@ -706,6 +713,15 @@ class Producer:
         occurrences.flags.writeable = False  # as decoded from a worker's message
         plan_matches_window(occurrences, examples.start, examples.stop,
                             examples.source_id, examples.example_id)
+        metrics_server = None
+        if self.settings.metrics_port is not None:
+            from streampack.service.metrics import MetricsServer, ProducerMetrics
+
+            self.metrics = ProducerMetrics(
+                self.snapshot, window_budget_bytes=self.settings.window_budget_bytes,
+                reorder_budget_bytes=self.settings.reorder_budget_bytes)
+            metrics_server = MetricsServer(self.metrics.registry, self.settings.metrics_port,
+                                           self.settings.metrics_address)
         context = zmq.Context()
         workers = context.socket(zmq.ROUTER)
         consumers = context.socket(zmq.ROUTER)
@@ -765,6 +781,8 @@ class Producer:
             context.term()
             if self._quarantine_file is not None:
                 self._quarantine_file.close()
+            if metrics_server is not None:
+                metrics_server.close()
         return 0
 
 

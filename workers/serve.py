@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 from streampack.service.producer import Producer, install_stop_handlers
 
@@ -49,10 +50,11 @@ class Supervisor:
     """Starts, restarts and finally stops the worker processes."""
 
     def __init__(self, count: int, endpoint: str, worker_args: list[str], *,
-                 grace: float = 5.0) -> None:
+                 grace: float = 5.0, slot_args: Any = None) -> None:
         self.count = count
         self.endpoint = endpoint
         self.worker_args = worker_args
+        self.slot_args = slot_args or (lambda slot: [])  # arguments of one slot's worker
         self.grace = grace
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
         self.restarts = 0
@@ -61,7 +63,7 @@ class Supervisor:
 
     def _spawn(self, slot: int) -> None:
         command = [sys.executable, "-m", "streampack.cli", "worker",
-                   "--connect", self.endpoint, *self.worker_args]
+                   "--connect", self.endpoint, *self.worker_args, *self.slot_args(slot)]
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         self.procs[slot] = subprocess.Popen(command, preexec_fn=preexec)
         logger.info("worker %d started as pid %d", slot, self.procs[slot].pid)
@@ -123,6 +125,10 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"streampack serve: {exc}") from None
     if args.workers < 1:
         raise SystemExit(f"streampack serve: --workers {args.workers}; at least 1 is needed")
+    if settings.metrics_port and settings.metrics_port + args.workers > 65535:
+        raise SystemExit(f"streampack serve: metrics_port {settings.metrics_port}: local "
+                         f"workers serve theirs on the next {args.workers} ports, which must "
+                         f"be <= 65535")
     # Workers log like serve does (format and level).
     worker_args: list[str] = logging_args(args) if hasattr(args, "log_format") else []
     if settings.curve_secret_key_file:
@@ -142,6 +148,14 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"streampack serve: {exc}") from None
     holder: dict[str, Supervisor] = {}
 
+    def metrics_args(slot: int) -> list[str]:
+        """Local worker ``slot`` serves its metrics on the producer's port + 1 + slot."""
+        port = settings.metrics_port
+        if port is None:
+            return []
+        return ["--metrics-port", str(port + 1 + slot if port else 0),
+                "--metrics-address", settings.metrics_address]
+
     # Local workers reach the producer over a Unix-domain socket: the same messages,
     # without the TCP stack (the worker link carries every batch once).
     scratch = tempfile.TemporaryDirectory(prefix="streampack-serve-")
@@ -149,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
 
     def started(worker_endpoint: str, consumer_endpoint: str) -> None:
         supervisor = Supervisor(args.workers, local or local_endpoint(worker_endpoint),
-                                worker_args, grace=args.grace)
+                                worker_args, grace=args.grace, slot_args=metrics_args)
         holder["supervisor"] = supervisor
         supervisor.start()
 

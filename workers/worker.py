@@ -94,6 +94,11 @@ class Worker:
         self._audit_broken = ""
         self._next_beat = 0.0
         self.needs_tokens = bool(settings.audit_every)  # planning alone needs no tokens
+        self.metrics: Any = None
+        if settings.metrics_port is not None:
+            from streampack.service.metrics import WorkerMetrics
+
+            self.metrics = WorkerMetrics(self.counters)
         if settings.audit_every:
             try:
                 audit_module = importlib.import_module("streampack.audit")
@@ -163,6 +168,8 @@ class Worker:
         self.counters["batches"] += len(sizes)
         self.counters["audited"] += audited
         self.counters["audit_failures"] += failures
+        if self.metrics is not None:
+            self.metrics.observe_pack(time.perf_counter() - started)
         self._send(
             socket,
             "packed",
@@ -188,6 +195,12 @@ class Worker:
         self._audit_broken = _warm_up(self._audit_fn)
         if self._audit_broken:
             logger.error("%s; packing continues, audits count as failed", self._audit_broken)
+        metrics_server = None
+        if self.metrics is not None:
+            from streampack.service.metrics import MetricsServer
+
+            metrics_server = MetricsServer(self.metrics.registry, self.settings.metrics_port,
+                                           self.settings.metrics_address)
         context = zmq.Context()
         socket = context.socket(zmq.DEALER)
         wire.configure_socket(socket, self.settings.max_message_bytes)
@@ -219,6 +232,8 @@ class Worker:
         finally:
             socket.close(linger=0)
             context.term()
+            if metrics_server is not None:
+                metrics_server.close()
         return 0
 
 

@@ -1,0 +1,191 @@
+"""Prometheus metrics: the producer's and workers' ``/metrics``, scraped over HTTP.
+
+The end-to-end test runs a real ``serve`` (producer + 2 worker processes) and two
+``consume`` processes, scrapes every ``/metrics`` endpoint with urllib and parses it
+with ``prometheus_client``'s own parser; the counters must agree with what the
+consumers printed, with the quarantine file and with ``health``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _service import FIXTURE, Service, consume, expected, free_port, result
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from streampack.service.metrics import (
+    METRICS,
+    QUARANTINE_REASONS,
+    MetricsServer,
+    ProducerMetrics,
+    WorkerMetrics,
+)
+from streampack.service.producer import Producer
+
+from streampack.errors import InvalidConfig
+from streampack.render import load_batch
+from streampack.settings import ProducerSettings
+
+BINDING = {"vocab_size": 512, "tokenizer": "metrics-test", "split_receipt": "metrics",
+           "partition": "train"}
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """{(sample name, sorted labels): value} of an exposition text."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        assert answer.status == 200
+        return samples(answer.read().decode())
+
+
+def value(scraped: dict, name: str, **labels: str) -> float:
+    return scraped[(name, tuple(sorted(labels.items())))]
+
+
+def exported_names(scraped: dict) -> set[str]:
+    """Metric names as METRICS lists them (histogram samples under their base name)."""
+    names = set()
+    for name, _ in scraped:
+        for suffix in ("_bucket", "_count", "_sum", "_created"):
+            if name.endswith(suffix) and name[: -len(suffix)] in METRICS:
+                name = name[: -len(suffix)]
+        names.add(name)
+    return names
+
+
+def test_the_collector_reads_the_producers_counters_at_scrape_time():
+    producer = Producer(ProducerSettings(corpus=str(FIXTURE), capacity=256,
+                                         window_tokens=3000, window_budget_bytes=1 << 20))
+    metrics = ProducerMetrics(producer.snapshot, window_budget_bytes=1 << 20,
+                              reorder_budget_bytes=producer.settings.reorder_budget_bytes)
+    before = samples(generate_latest(metrics.registry).decode())
+    assert value(before, "streampack_batches_served_total") == 0
+    assert value(before, "streampack_documents_quarantined_total", reason="too_long") == 0
+    # The producer counts; the next scrape shows it, with nothing registered per event.
+    producer.stats["batches_served"] += 3
+    producer.stats["windows_reissued"] += 2
+    producer.stats["rejected_consumer"] += 1
+    producer.stats["tokens_served"] += 500
+    producer.stats["cells_served"] += 1024
+    producer.tokens_by_rank[0] += 300
+    producer.tokens_by_rank[1] += 200
+    producer.quarantine_reasons["too_long"] += 4
+    producer.reorder_bytes = 4096
+    metrics.observe_pack(0.003)
+    after = samples(generate_latest(metrics.registry).decode())
+    assert value(after, "streampack_batches_served_total") == 3
+    assert value(after, "streampack_windows_reissued_total") == 2
+    assert value(after, "streampack_messages_rejected_total", peer="consumer") == 1
+    assert value(after, "streampack_tokens_served_total", rank="0") == 300
+    assert value(after, "streampack_tokens_served_total", rank="1") == 200
+    assert value(after, "streampack_fill_ratio") == pytest.approx(500 / 1024)
+    assert value(after, "streampack_documents_quarantined_total", reason="too_long") == 4
+    assert value(after, "streampack_reorder_bytes") == 4096
+    assert value(after, "streampack_window_budget_bytes") == 1 << 20
+    assert value(after, "streampack_window_pack_seconds_count") == 1
+    assert value(after, "streampack_window_pack_seconds_bucket", le="0.005") == 1
+    assert value(after, "streampack_window_pack_seconds_bucket", le="0.0025") == 0
+    # Every exported name is documented in METRICS (which the dashboard test reads).
+    worker = WorkerMetrics({"windows": 1})
+    names = exported_names(after) | exported_names(
+        samples(generate_latest(worker.registry).decode()))
+    assert names - set(METRICS) == set()
+    assert set(METRICS) - names <= {"streampack_pack_seconds_total"}  # counted once reported
+
+
+def test_a_port_that_cannot_be_used_is_one_clear_error():
+    registry = WorkerMetrics({}).registry
+    server = MetricsServer(registry, 0)
+    try:
+        with pytest.raises(InvalidConfig, match=f"metrics_port = {server.port} .*cannot listen"):
+            MetricsServer(registry, server.port)
+    finally:
+        server.close()
+    with pytest.raises(InvalidConfig, match="metrics_port = 70000 must be a TCP port"):
+        ProducerSettings(metrics_port=70000)
+
+
+def write_corpus(root: Path) -> dict[str, int]:
+    """JSON Lines: 80 documents, 5 of them bad, with their reasons."""
+    rng = np.random.default_rng(16)
+    lines, reasons = [], collections.Counter()
+    for i in range(80):
+        if i in (3, 41):
+            lines.append(json.dumps({"tokens": [0, 1, 900, 2]}))
+            reasons["out_of_vocabulary"] += 1
+        elif i == 17:
+            lines.append(json.dumps({"tokens": [4]}))
+            reasons["too_short"] += 1
+        elif i in (29, 60):
+            lines.append(json.dumps({"tokens": [5] * 300}))
+            reasons["too_long"] += 1
+        else:
+            lines.append(json.dumps({"tokens": rng.integers(0, 512, int(rng.integers(2, 180)))
+                                     .tolist()}))
+    (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    (root / "manifest.json").write_text(json.dumps(
+        {"format": "streampack-corpus", "version": 1, "binding": BINDING,
+         "jsonl": ["docs.jsonl"]}))
+    return dict(reasons)
+
+
+def test_scraped_metrics_agree_with_the_consumers_and_the_quarantine_file(tmp_path):
+    reasons = write_corpus(tmp_path)
+    quarantine = tmp_path / "quarantine.jsonl"
+    port = free_port()
+    with Service(tmp_path, serve_workers=2, quarantine_path=str(quarantine),
+                 metrics_port=port) as service:
+        ranks = [consume(service.consumer_endpoint, r, 2) for r in (0, 1)]
+        outputs = [result(proc) for proc in ranks]
+        producer = scrape(port)
+        health = service.stats()
+        workers = [scrape(port + 1 + slot) for slot in (0, 1)]
+        # A rank's batch saved by consume, for `streampack inspect --batch-file`.
+        saved = tmp_path / "batch.npz"
+        result(consume(service.consumer_endpoint, 1, 2, "--max-batches", "2",
+                       "--save-batch", str(saved)))
+    want = expected(tmp_path, 1, 2)["list"][1]  # (epoch, index, digest) of rank 1's 2nd
+    assert want[:2] == (0, 3) and load_batch(saved).digest() == want[2]
+    # What the consumers received.
+    batches = sum(o["batches"] - o["fillers"] for o in outputs)
+    assert value(producer, "streampack_batches_served_total") == batches == \
+        health["batches_served"]
+    assert value(producer, "streampack_fillers_served_total") == sum(o["fillers"] for o in outputs)
+    for rank, output in enumerate(outputs):
+        assert value(producer, "streampack_tokens_served_total", rank=str(rank)) == \
+            output["tokens"]
+    tokens = sum(o["tokens"] for o in outputs)
+    cells = value(producer, "streampack_cells_served_total")
+    assert cells == batches * 4 * 256 or 0 < cells < batches * 4 * 256
+    assert value(producer, "streampack_fill_ratio") == pytest.approx(tokens / cells)
+    # What the quarantine file holds, by reason, and every known reason at 0 besides.
+    written = collections.Counter(json.loads(line)["reason"]
+                                  for line in quarantine.read_text().splitlines())
+    assert written == reasons
+    for reason in QUARANTINE_REASONS:
+        assert value(producer, "streampack_documents_quarantined_total", reason=reason) == \
+            written.get(reason, 0) == health["quarantine_reasons"].get(reason, 0)
+    # Gauges against their budgets, and the workers.
+    assert value(producer, "streampack_workers") == 2
+    assert value(producer, "streampack_window_bytes_peak") <= \
+        value(producer, "streampack_window_budget_bytes") + 64 * 1024
+    assert value(producer, "streampack_pending_fetches") == 0
+    assert value(producer, "streampack_windows_reissued_total") == 0
+    received = value(producer, "streampack_batches_received_total")
+    assert sum(value(w, "streampack_worker_batches_packed_total") for w in workers) == received
+    windows = value(producer, "streampack_windows_issued_total")
+    assert sum(value(w, "streampack_worker_windows_packed_total") for w in workers) == windows
+    assert sum(value(w, "streampack_worker_pack_seconds_count") for w in workers) == windows
+    assert value(producer, "streampack_window_pack_seconds_count") == windows
