@@ -191,11 +191,26 @@ class BatchStream:
         self._memory = BatchMemory()
         self.rejected = 0  # malformed messages received and dropped
         self.resent = 0  # times outstanding fetches were sent again after silence
+        self.batches = 0  # batches yielded (fillers included)
+        self.fillers = 0
+        self.bytes_received = 0  # compact bytes of the batches yielded (as they travelled)
+        self.waits = 0  # batches that were not there yet when asked for
+        self.seconds_blocked = 0.0  # time next_batch spent waiting for the producer
         # Load the check and expand kernels now, not inside the first next_batch.
         warm_up_kernels()
         self.current: tuple[int, int] | None = None  # (epoch, index) of the last batch
 
     # -- state ----------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, Any]:
+        """This stream's counters (a fresh dict). ``seconds_blocked`` is the number that
+        says whether the data path slows training: the time the trainer waited in
+        ``next_batch`` for a batch that had not arrived yet (expansion not included).
+        ``streampack.client_metrics`` exports them to Prometheus."""
+        return {"rank": self.rank, "world_size": self.world_size, "batches": self.batches,
+                "fillers": self.fillers, "bytes_received": self.bytes_received,
+                "waits": self.waits, "seconds_blocked": self.seconds_blocked,
+                "rejected": self.rejected, "resent": self.resent}
 
     def state_dict(self) -> dict[str, int]:
         """The cursor: the next batch this rank will yield."""
@@ -312,6 +327,8 @@ class BatchStream:
         if self._finished:
             raise StopIteration
         socket = self._ensure_socket()
+        asked = time.perf_counter()
+        waited = False
         deadline = time.monotonic() + self.timeout
         while True:
             if self._index in self._held:
@@ -320,6 +337,12 @@ class BatchStream:
                 self._requested.remove(self._index)
                 self.current = (self._epoch, self._index)
                 self._index += self.world_size
+                self.batches += 1
+                self.fillers += int(compact.filler)
+                self.bytes_received += compact.nbytes
+                if waited:
+                    self.waits += 1
+                    self.seconds_blocked += time.perf_counter() - asked
                 block = None if compact.filler else self._memory.block(compact.expanded_nbytes)
                 return compact.expand(block)
             if self._limit is not None and self._index >= self._limit:
@@ -338,6 +361,7 @@ class BatchStream:
                     f"for epoch {self._epoch} batch {self._index}; is the producer running?"
                 )
             wait = min(remaining, RESEND_AFTER)
+            waited = True
             if not socket.poll(int(wait * 1000) + 1, zmq.POLLIN):
                 if wait >= RESEND_AFTER:
                     # Silence: the producer may have restarted and lost our fetches. They

@@ -189,3 +189,36 @@ def test_scraped_metrics_agree_with_the_consumers_and_the_quarantine_file(tmp_pa
     assert sum(value(w, "streampack_worker_windows_packed_total") for w in workers) == windows
     assert sum(value(w, "streampack_worker_pack_seconds_count") for w in workers) == windows
     assert value(producer, "streampack_window_pack_seconds_count") == windows
+
+
+def test_the_client_counts_what_it_yielded_and_how_long_it_waited():
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    from streampack.client import BatchStream
+    from streampack.client_metrics import CLIENT_METRICS, register_client_metrics
+
+    with Service(FIXTURE, serve_workers=1) as service:
+        with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=60) as stream:
+            registry = CollectorRegistry(auto_describe=False)
+            register_client_metrics(stream, registry)
+            started = time.perf_counter()
+            got = [(batch.filler, int(batch.valid_lengths.sum())) for batch in stream]
+            wall = time.perf_counter() - started
+            counters = stream.metrics()
+            scraped = samples(generate_latest(registry).decode())
+        served = service.stats()
+    assert counters["batches"] == len(got) == served["batches_served"] + served["fillers_served"]
+    assert counters["fillers"] == sum(filler for filler, _ in got)
+    assert counters["rejected"] == 0 and counters["resent"] == 0
+    # The first batch cannot be there before it is asked for: at least one wait.
+    assert 1 <= counters["waits"] <= counters["batches"]
+    assert 0 < counters["seconds_blocked"] < wall
+    assert counters["bytes_received"] > 0
+    for key, name in (("batches", "streampack_client_batches_total"),
+                      ("waits", "streampack_client_waits_total"),
+                      ("seconds_blocked", "streampack_client_blocked_seconds_total"),
+                      ("bytes_received", "streampack_client_bytes_received_total")):
+        assert value(scraped, name, rank="0") == pytest.approx(counters[key])
+    assert exported_names(scraped) == set(CLIENT_METRICS)
