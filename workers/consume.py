@@ -1,8 +1,8 @@
 """``streampack consume``: an example trainer loop on ``streampack.client.BatchStream``.
 
 It drains one rank's stream as fast as it can (or ``--delay`` seconds per batch, to
-play a slow trainer), prints a progress line on stderr every second and one JSON line
-on stdout at the end: batches, fillers, tokens, seconds, tokens/s, the running
+play a slow trainer), shows a progress line on stderr when that is a terminal, and
+prints one JSON line on stdout at the end: batches, fillers, tokens, seconds, tokens/s, the running
 ``StreamDigest`` of everything received and the resume cursor. ``--state-in`` resumes
 from a cursor saved by ``--state-out``; ``--record`` writes the identity of every
 occurrence received (source_id, range_start, range_stop) as a ``.npy`` file, which the
@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
 from streampack.client import BatchStream, StreamDigest
+from streampack.progress import Progress
 from streampack.settings import ConsumerSettings, add_flags, from_args
 
 
@@ -46,7 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-batch", metavar="FILE.npz",
                         help="save the last batch received (with --max-batches N, this "
                         "rank's N-th) for `streampack inspect --batch-file`")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress line (there is none unless stderr is a terminal)")
     parser.add_argument("--no-digest", dest="digest", action="store_false",
                         help="skip hashing (measure transport alone); digest is then empty")
     add_flags(parser, ConsumerSettings)
@@ -80,7 +81,9 @@ def main(args: argparse.Namespace) -> int:
         # The clock starts once the stream is built (it loads its compiled expand kernel,
         # a one-off cost per process), at the first request: the rate is the stream's.
         started = time.perf_counter()
-        last_report = started
+        progress = Progress(f"rank {args.rank}", total=args.max_batches,
+                            enabled=not args.quiet)
+        progress.start()
         while not stopping:
             if args.max_batches is not None and digest.batches >= args.max_batches:
                 break
@@ -101,15 +104,12 @@ def main(args: argparse.Namespace) -> int:
                 last = batch
             if args.delay:
                 time.sleep(args.delay)
-            now = time.perf_counter()
-            if not args.quiet and now - last_report >= 1.0:
-                last_report = now
-                running = f", digest so far {digest.hexdigest()[:16]}" if args.digest else ""
-                print(
-                    f"rank {args.rank}: epoch {epoch} batch {index}: {digest.batches} batches, "
-                    f"{digest.tokens / (now - started) / 1e6:.2f} M tokens/s{running}",
-                    file=sys.stderr, flush=True,
-                )
+            if progress.enabled:
+                blocked = stream.seconds_blocked / max(time.perf_counter() - started, 1e-9)
+                progress.update(digest.batches, digest.tokens,
+                                note=f"epoch {epoch} batch {index}, waiting for data "
+                                f"{blocked:.0%} of the time")
+        progress.close()
         state = stream.state_dict()
     seconds = time.perf_counter() - started
     if args.state_out:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -30,7 +31,10 @@ from streampack.service.consume import occurrence_ids
 from streampack.service.health import check
 
 from streampack.client import BatchStream
+from streampack.progress import Progress
 from streampack.sources import CutSpec, iter_windows, open_corpus
+
+logger = logging.getLogger(__name__)
 
 DEMO_SETTINGS = {
     "capacity": 256,
@@ -109,6 +113,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", help="corpus manifest or directory "
                         "(default: fixtures/corpus of the source checkout)")
     parser.add_argument("--workers", type=int, default=2, help="pack workers (default: 2)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress line (there is none unless stderr is a terminal)")
     parser.add_argument("--audit-every", type=int, default=8,
                         help="audit every N-th batch per worker; 0 = no audit (default: 8)")
 
@@ -125,8 +131,7 @@ def main(args: argparse.Namespace) -> int:
                "--quarantine-path", str(quarantine)]
     for key, value in DEMO_SETTINGS.items():
         command += ["--" + key.replace("_", "-"), str(value)]
-    print(f"demo: serving {corpus} with {args.workers} workers; {RANKS} consumer ranks",
-          flush=True)
+    logger.info("serving %s with %d workers to %d consumer ranks", corpus, args.workers, RANKS)
     log = open(quarantine.parent / "serve.log", "w")
     serve = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -137,6 +142,7 @@ def main(args: argparse.Namespace) -> int:
                 log.flush()
                 raise SystemExit("demo: serve did not start:\n" + Path(log.name).read_text())
         ranks = [_Rank(r) for r in range(RANKS)]
+        progress = Progress("demo", unit="batches", enabled=not args.quiet)
         started = time.perf_counter()
         threads = [threading.Thread(target=r.run, args=(consumer_endpoint,)) for r in ranks]
         for thread in threads:
@@ -145,12 +151,11 @@ def main(args: argparse.Namespace) -> int:
             time.sleep(0.25)
             if not any(r.batches for r in ranks):
                 started = time.perf_counter()  # rate from the first batch on
+                progress.start()
                 continue
-            elapsed = time.perf_counter() - started
-            tokens = sum(r.valid for r in ranks)
-            print(f"\r  {elapsed:5.1f}s  batches per rank {[r.batches for r in ranks]}  "
-                  f"{tokens / elapsed / 1e6:.3f} M tokens/s", end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
+            progress.update(sum(r.batches for r in ranks), sum(r.valid for r in ranks),
+                            note=f"per rank {[r.batches for r in ranks]}")
+        progress.close()
         seconds = time.perf_counter() - started
         for thread in threads:
             thread.join()
