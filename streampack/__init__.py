@@ -1,16 +1,20 @@
-"""streampack: next-fit sequence packing that keeps every example exactly as it was."""
+"""streampack: next-fit sequence packing that keeps every example exactly as it was.
 
-from .audit import AuditReport, audit
-from .batch import (
-    NO_SEGMENT,
-    OCCURRENCE_DTYPE,
-    PAD_CELL,
-    CompactBatch,
-    CuSeqlens,
-    PackedBatch,
-)
+The public names below are loaded on first use (PEP 562), so that ``import
+streampack.errors`` or ``import streampack.client`` does not pay for Numba, the
+decoder or the audit. ``from streampack import X`` and ``streampack.X`` work as
+before; ``__all__`` lists every public name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+# The errors and the config have no dependencies: loaded eagerly.
 from .config import PackConfig
-from .decoder import Decoder, DecoderConfig
 from .errors import (
     BindingMismatch,
     CapacityError,
@@ -25,10 +29,80 @@ from .errors import (
     ProtocolError,
     StreampackError,
 )
-from .examples import Binding, Examples
-from .kernels import range_attention, range_attention_backward
-from .loss import LossResult, document_mean, loss_gradient, probe_logits, row_mean, token_loss
-from .packing import PackedEpoch, pack_compact, pack_examples
+
+if TYPE_CHECKING:
+    from .audit import AuditReport, audit
+    from .batch import NO_SEGMENT, OCCURRENCE_DTYPE, PAD_CELL, CompactBatch, CuSeqlens, PackedBatch
+    from .decoder import Decoder, DecoderConfig
+    from .examples import Binding, Examples
+    from .kernels import range_attention, range_attention_backward
+    from .loss import (
+        LossResult,
+        document_mean,
+        loss_gradient,
+        probe_logits,
+        row_mean,
+        token_loss,
+    )
+    from .packing import PackedEpoch, pack_compact, pack_examples
+
+# Public name -> the module (relative to this package) that defines it.
+_LAZY: dict[str, str] = {
+    "AuditReport": ".audit",
+    "audit": ".audit",
+    "NO_SEGMENT": ".batch",
+    "OCCURRENCE_DTYPE": ".batch",
+    "PAD_CELL": ".batch",
+    "CompactBatch": ".batch",
+    "CuSeqlens": ".batch",
+    "PackedBatch": ".batch",
+    "Decoder": ".decoder",
+    "DecoderConfig": ".decoder",
+    "Binding": ".examples",
+    "Examples": ".examples",
+    "range_attention": ".kernels",
+    "range_attention_backward": ".kernels",
+    "LossResult": ".loss",
+    "document_mean": ".loss",
+    "loss_gradient": ".loss",
+    "probe_logits": ".loss",
+    "row_mean": ".loss",
+    "token_loss": ".loss",
+    "PackedEpoch": ".packing",
+    "pack_compact": ".packing",
+    "pack_examples": ".packing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """This package's module type: ``streampack.audit`` is the function.
+
+    ``audit`` names both a submodule and the function it defines. Importing the
+    submodule sets it as an attribute of this package; the function keeps the name, as
+    it did when this package imported it eagerly (``streampack.audit(...)`` works
+    whatever was imported before)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "audit" and isinstance(value, types.ModuleType):
+            value = value.audit
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __all__ = [
     "NO_SEGMENT",

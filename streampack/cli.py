@@ -34,23 +34,40 @@ COMMANDS: list[tuple[str, str, str]] = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with ``only``, the full arguments of that one
+    subcommand (the others listed by name and help): only its module is imported."""
     parser = argparse.ArgumentParser(
         prog="streampack",
         description="Streaming sequence packing with block-causal ranges.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name, help_text in COMMANDS:
-        module = importlib.import_module(module_name)
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
-        module.configure(sub)
-        add_logging_flags(sub)
-        sub.set_defaults(_module=module)
+        if only is None or name == only:
+            module = importlib.import_module(module_name)
+            module.configure(sub)
+            add_logging_flags(sub)
+            sub.set_defaults(_module=module)
     return parser
 
 
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names: its first argument that is not an option (the top
+    level has no option that takes a value)."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    # An unknown name builds no subcommand at all: argparse reports it with the list.
+    command = chosen_command(argv)
+    names = {name for name, _, _ in COMMANDS}
+    args = build_parser(command if command in names else "").parse_args(argv)
     try:
         # Every process logs alike: its role is the subcommand (see streampack.logs).
         setup_logging(args.command, fmt=args.log_format, level=args.log_level)

@@ -43,8 +43,9 @@ import numpy as np
 import zmq
 
 from streampack import wire
+from streampack.batch import CompactBatch, PackedBatch
 from streampack.errors import ProtocolError, StreampackError
-from streampack.packing import warm_up_kernels
+from streampack.examples import Binding
 
 #: Seconds without any answer after which outstanding fetches are sent again.
 RESEND_AFTER = 5.0
@@ -104,7 +105,7 @@ class StreamDigest:
         self.fillers = 0
         self.tokens = 0
 
-    def update(self, batch: Any, epoch: int, index: int) -> None:
+    def update(self, batch: PackedBatch, epoch: int, index: int) -> None:
         h = self._hash
         h.update(struct.pack("<qq?", epoch, index, bool(batch.filler)))
         for name in batch.ARRAY_FIELDS:
@@ -152,7 +153,7 @@ class BatchStream:
         *,
         rank: int,
         world_size: int,
-        binding: Any = None,
+        binding: Binding | None = None,
         prefetch: int = 4,
         prefetch_bytes: int = 256 << 20,
         timeout: float = 60.0,
@@ -182,7 +183,7 @@ class BatchStream:
         self._epoch = 0
         self._index = rank  # next global index this rank yields
         self._requested: list[int] = []  # indices of the current epoch asked for, in order
-        self._held: dict[int, Any] = {}
+        self._held: dict[int, CompactBatch] = {}
         self._held_bytes = 0
         self._batch_bytes = 0  # size of the last batch, to bound prefetch by bytes
         self._finished = False
@@ -196,7 +197,10 @@ class BatchStream:
         self.bytes_received = 0  # compact bytes of the batches yielded (as they travelled)
         self.waits = 0  # batches that were not there yet when asked for
         self.seconds_blocked = 0.0  # time next_batch spent waiting for the producer
-        # Load the check and expand kernels now, not inside the first next_batch.
+        # Load the check and expand kernels now, not inside the first next_batch. Imported
+        # here so that importing this module does not load Numba.
+        from streampack.packing import warm_up_kernels
+
         warm_up_kernels()
         self.current: tuple[int, int] | None = None  # (epoch, index) of the last batch
 
@@ -311,7 +315,7 @@ class BatchStream:
                 self._fetch(socket, index, 1)
         self.resent += 1
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[PackedBatch]:
         while True:
             try:
                 batch = self.next_batch()
@@ -319,10 +323,10 @@ class BatchStream:
                 return
             yield batch
 
-    def __next__(self) -> Any:
+    def __next__(self) -> PackedBatch:
         return self.next_batch()
 
-    def next_batch(self) -> Any:
+    def next_batch(self) -> PackedBatch:
         """The next batch of this rank; ``StopIteration`` after the producer's last epoch."""
         if self._finished:
             raise StopIteration

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from streampack.errors import InvalidConfig
+from streampack.examples import Binding
 from streampack.wire import token_dtype
 
 MANIFEST_FORMAT = "streampack-corpus"
@@ -78,16 +79,14 @@ _TOKEN_DTYPES = {("i", 4), ("u", 2), ("u", 4)}
 
 @dataclasses.dataclass(frozen=True)
 class BindingSpec:
-    """The binding fields of a manifest (kept plain so this module has no core import)."""
+    """The binding fields of a manifest, as read; ``to_binding`` checks them."""
 
     vocab_size: int
     tokenizer: str
     split_receipt: str
     partition: str
 
-    def to_binding(self) -> Any:
-        from streampack import Binding
-
+    def to_binding(self) -> Binding:
         return Binding(
             vocab_size=self.vocab_size,
             tokenizer=self.tokenizer,

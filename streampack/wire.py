@@ -62,12 +62,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 
-from streampack.errors import ProtocolError
+from streampack.batch import OCCURRENCE_DTYPE, CompactBatch
+from streampack.errors import InvalidArray, ProtocolError
+from streampack.examples import Binding
+
+if TYPE_CHECKING:
+    import zmq
 
 PROTOCOL_VERSION = 4
 
@@ -151,8 +156,6 @@ FRAME_DTYPES: dict[str, tuple[str, ...]] = {
 
 
 def _occurrence_dtype() -> np.dtype:
-    from streampack.batch import OCCURRENCE_DTYPE
-
     return np.dtype(OCCURRENCE_DTYPE).newbyteorder("<")
 
 
@@ -385,7 +388,7 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
 # --- batches ------------------------------------------------------------------------
 
 
-def binding_to_wire(binding: Any) -> dict[str, Any]:
+def binding_to_wire(binding: Binding) -> dict[str, Any]:
     return {
         "vocab_size": int(binding.vocab_size),
         "tokenizer": str(binding.tokenizer),
@@ -394,9 +397,7 @@ def binding_to_wire(binding: Any) -> dict[str, Any]:
     }
 
 
-def binding_from_wire(data: Mapping[str, Any]) -> Any:
-    from streampack import Binding
-
+def binding_from_wire(data: Mapping[str, Any]) -> Binding:
     try:
         return Binding(
             vocab_size=data["vocab_size"],
@@ -410,24 +411,22 @@ def binding_from_wire(data: Mapping[str, Any]) -> Any:
         raise ProtocolError(f"binding {dict(data)!r} is invalid: {exc}") from None
 
 
-def batch_arrays(batch: Any) -> dict[str, np.ndarray]:
+def batch_arrays(batch: CompactBatch) -> dict[str, np.ndarray]:
     """The frames of a ``CompactBatch`` in protocol order."""
     return {"tokens": batch.tokens, "occurrences": batch.occurrences}
 
 
-def batch_shape(batch: Any) -> dict[str, int]:
+def batch_shape(batch: CompactBatch) -> dict[str, int]:
     """The header fields that say how to expand a ``CompactBatch``."""
     return {"rows": batch.rows, "capacity": batch.capacity}
 
 
-def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) -> Any:
+def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) -> CompactBatch:
     """The checked ``CompactBatch`` of a ``batch`` message (arrays share the frames).
 
     A batch whose expanded int32 arrays would not fit one frame is refused, so a hostile
     header cannot make the receiver allocate without bound.
     """
-    from streampack import CompactBatch, InvalidArray
-
     if message.kind != "batch":
         raise ProtocolError(f"expected a 'batch' message, got {message.kind!r}")
     f = message.fields
@@ -444,7 +443,7 @@ def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) ->
         raise ProtocolError(str(exc)) from None
 
 
-def curve_server(socket: Any, secret_key: bytes) -> None:
+def curve_server(socket: zmq.Socket, secret_key: bytes) -> None:
     """Make ``socket`` (before bind) a CURVE server with this Z85 secret key."""
     import zmq
 
@@ -453,7 +452,7 @@ def curve_server(socket: Any, secret_key: bytes) -> None:
     socket.curve_server = True
 
 
-def curve_client(socket: Any, server_key: str | bytes) -> None:
+def curve_client(socket: zmq.Socket, server_key: str | bytes) -> None:
     """Make ``socket`` (before connect) a CURVE client of the server with this public key;
     the client's own key pair is fresh for each socket."""
     import zmq
@@ -464,7 +463,7 @@ def curve_client(socket: Any, server_key: str | bytes) -> None:
     socket.curve_serverkey = server_key.encode() if isinstance(server_key, str) else server_key
 
 
-def configure_socket(socket: Any, max_message_bytes: int) -> None:
+def configure_socket(socket: zmq.Socket, max_message_bytes: int) -> None:
     """Receive limit on every socket, and no lingering on close (shutdown stays fast)."""
     import zmq
 
