@@ -239,7 +239,13 @@ def test_compose_commands_parse_and_wire_up(compose):
     built = sp_settings.build(sp_settings.ProducerSettings, toml)
     assert built.worker_endpoint == "tcp://0.0.0.0:5555"
     assert built.consumer_endpoint == "tcp://0.0.0.0:5556"
-    assert services["producer"]["ports"] == ["5555:5555", "5556:5556"]
+    assert services["producer"]["ports"] == ["5555:5555", "5556:5556", "127.0.0.1:5557:5557"]
+    # Producer and workers serve metrics on 5557 inside the network.
+    assert (built.metrics_port, built.metrics_address) == (5557, "0.0.0.0")
+    worker_settings = sp_settings.build(sp_settings.WorkerSettings, toml)
+    assert (worker_settings.metrics_port, worker_settings.metrics_address) == (5557, "0.0.0.0")
+    for name in ("producer", "worker"):
+        assert services[name]["expose"] == ["5557"], name
 
 
 def test_compose_workers_scale_and_wait_for_a_healthy_producer(compose):
@@ -348,7 +354,7 @@ def test_producer_service_and_workers_are_wired(k8s):
     assert service["spec"]["selector"].items() <= pod_labels.items()
     (container,) = _containers(producer)
     named_ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert named_ports == {"workers": 5555, "consumers": 5556}
+    assert named_ports == {"workers": 5555, "consumers": 5556, "metrics": 5557}
     service_ports = {port["name"]: port for port in service["spec"]["ports"]}
     for port_name, number in named_ports.items():
         assert service_ports[port_name]["targetPort"] == port_name
@@ -409,3 +415,42 @@ def test_docker_script_skips_when_no_engine_can_start(tmp_path):
     (line,) = [out for out in result.stdout.splitlines() if out.startswith("DOCKER TESTS")]
     assert line.startswith("DOCKER TESTS SKIPPED: ")
     assert "FAIL" not in result.stdout
+
+
+# ---------------------------------------------------------------- metrics scraping
+
+
+@pytest.mark.parametrize("name, role", [("streampack-producer", sp_settings.ProducerSettings),
+                                        ("streampack-worker", sp_settings.WorkerSettings)])
+def test_pods_announce_the_metrics_port_their_settings_serve(k8s, name, role):
+    deployment = k8s[("Deployment", name)]
+    template = deployment["spec"]["template"]
+    annotations = template["metadata"]["annotations"]
+    (container,) = _containers(deployment)
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    config = k8s[("ConfigMap", "streampack-config")]["data"]["streampack.toml"]
+    settings = sp_settings.build(role, sp_settings.tomllib.loads(config))
+    assert settings.metrics_address == "0.0.0.0"
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert int(annotations["prometheus.io/port"]) == ports["metrics"] == settings.metrics_port
+
+
+def test_the_service_monitor_reaches_producer_and_workers(k8s):
+    folder = K8S / "prometheus-operator"
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["..", "servicemonitor.yaml"]
+    monitor = yaml.safe_load((folder / "servicemonitor.yaml").read_text())
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["kind"] == "ServiceMonitor"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    for name in ("streampack-producer", "streampack-worker"):
+        service = k8s[("Service", name)]
+        assert selector.items() <= service["metadata"]["labels"].items(), name
+        port = {p["name"]: p for p in service["spec"]["ports"]}[endpoint["port"]]
+        pods = k8s[("Deployment", name)]["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= pods.items(), name
+        (container,) = _containers(k8s[("Deployment", name)])
+        assert port["targetPort"] in {p["name"] for p in container["ports"]}

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 from _service import FIXTURE, Service, consume, expected, free_port, result
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from streampack.service.metrics import (
     METRICS,
@@ -222,3 +223,59 @@ def test_the_client_counts_what_it_yielded_and_how_long_it_waited():
                       ("bytes_received", "streampack_client_bytes_received_total")):
         assert value(scraped, name, rank="0") == pytest.approx(counters[key])
     assert exported_names(scraped) == set(CLIENT_METRICS)
+
+
+def all_exported_names() -> set[str]:
+    """Names the code exports, from real registries with every optional counter set."""
+    from streampack.client_metrics import ClientCollector
+
+    producer = Producer(ProducerSettings(corpus=str(FIXTURE), capacity=256, window_tokens=3000))
+    producer.stats["pack_seconds"] += 0.5
+    producer.tokens_by_rank[0] += 1
+    registries = [ProducerMetrics(producer.snapshot, window_budget_bytes=1,
+                                  reorder_budget_bytes=1).registry,
+                  WorkerMetrics({}).registry, CollectorRegistry(auto_describe=False)]
+
+    class Stream:
+        def metrics(self) -> dict:
+            return dict.fromkeys(("batches", "fillers", "bytes_received", "waits",
+                                  "seconds_blocked", "rejected", "resent"), 0) | {"rank": 0}
+
+    registries[2].register(ClientCollector(Stream()))
+    names = set()
+    for registry in registries:
+        names |= exported_names(samples(generate_latest(registry).decode()))
+    return names
+
+
+DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "streampack.json"
+
+
+def test_every_dashboard_query_names_a_metric_the_code_exports():
+    dashboard = json.loads(DASHBOARD.read_text())
+    exported = all_exported_names()
+    from streampack.client_metrics import CLIENT_METRICS
+
+    assert exported == set(METRICS) | set(CLIENT_METRICS)
+    used = set()
+    assert dashboard["panels"]
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            names = set(re.findall(r"\bstreampack_[a-z_]+", target["expr"]))
+            assert names, (panel["title"], target["expr"])
+            for name in names:
+                base = re.sub(r"_(bucket|count|sum)$", "", name)
+                assert name in exported or (base in exported and METRICS.get(
+                    base, ("",))[0] == "histogram"), (panel["title"], name)
+            used |= names
+    # The dashboard covers what an operator watches first.
+    for name in ("streampack_batches_served_total", "streampack_tokens_served_total",
+                 "streampack_documents_quarantined_total", "streampack_windows_reissued_total",
+                 "streampack_workers", "streampack_reorder_bytes",
+                 "streampack_reorder_budget_bytes", "streampack_window_bytes",
+                 "streampack_window_budget_bytes", "streampack_pending_fetches",
+                 "streampack_audit_failures_total", "streampack_fill_ratio",
+                 "streampack_window_pack_seconds_bucket",
+                 "streampack_client_blocked_seconds_total"):
+        assert name in used, name
