@@ -9,9 +9,14 @@ stream moves to the next epoch, until the producer's last epoch.
         for batch in stream:
             train_step(batch.to_torch(device="cuda", pin_memory=True))
             if time_to_checkpoint:
-                save(stream.state_dict())     # {"epoch": e, "index": g}
+                save(stream.state_dict())     # {"epoch", "index", "rank", "world_size"}
 
     stream.load_state_dict(saved)             # resume: the rest of the same stream
+
+Resume at another world size (``resume_cursor``): a job checkpointed at ``W`` ranks,
+every rank after the same ``k`` batches, has consumed global batches ``0 .. kW - 1``;
+rank ``r'`` of ``W'`` continues at global index ``kW + r'``. Give it every rank's
+state (a list) to have that checked, or one rank's state to have it trusted.
 
 How it fetches: the client keeps up to ``prefetch`` fetch requests outstanding (fewer
 when the batches already held reach ``prefetch_bytes``), each naming the exact
@@ -36,7 +41,7 @@ import struct
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,6 +95,108 @@ class BatchMemory:
             blocks[self._oldest] = block
             self._oldest = (self._oldest + 1) % self._size
         return block
+
+
+class ResumeError(StreampackError, ValueError):
+    """A saved cursor this stream cannot continue from (see ``resume_cursor``)."""
+
+
+_CURSOR_KEYS = ("epoch", "index", "base", "rank", "world_size")
+
+
+def _cursor_fields(state: Any, default: tuple[int, int] | None, where: str
+                   ) -> tuple[int, int, int, int, int]:
+    """(epoch, index, base, rank, world_size) of one saved ``state_dict()``, checked. A
+    state without ``rank`` and ``world_size`` (saved before they were recorded) is taken
+    as ``default`` = (rank, world_size) of the stream, when there is one; without
+    ``base``, as base 0."""
+    if not isinstance(state, Mapping):
+        raise ResumeError(f"{where} {state!r} is not a cursor: expected a dict from "
+                          f"BatchStream.state_dict()")
+    if default is None and not ("rank" in state and "world_size" in state):
+        raise ResumeError(f"{where} {dict(state)!r} lacks rank and world_size; a list of "
+                          f"states needs them (state_dict() saves them)")
+    rank, world_size = default if default is not None else (-1, 0)
+    epoch, index, base, rank, world_size = values = (
+        state.get("epoch"), state.get("index"), state.get("base", 0),
+        state.get("rank", rank), state.get("world_size", world_size))
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in values) or not (
+        epoch >= 0 and world_size >= 1 and 0 <= rank < world_size and 0 <= base <= index
+        and (index - base) % world_size == rank
+    ):
+        raise ResumeError(
+            f"{where} {dict(state)!r} is not a cursor of rank {state.get('rank', rank)} of "
+            f"{state.get('world_size', world_size)}: expected ints epoch >= 0, "
+            f"0 <= base <= index and index = base + rank mod world_size (keys "
+            f"{', '.join(_CURSOR_KEYS)}, as state_dict() saves them)"
+        )
+    return epoch, index, base, rank, world_size
+
+
+def resume_cursor(
+    state: Mapping[str, int] | Sequence[Mapping[str, int]], rank: int, world_size: int
+) -> tuple[int, int, int]:
+    """(epoch, base, next global index) at which rank ``rank`` of ``world_size`` resumes.
+
+    ``state`` is one rank's ``state_dict()`` or a list of every rank's. Saved at this
+    world size, this rank's own state is taken as it is: exact whatever the other ranks
+    had consumed. Saved at another world size ``W`` (an elastic resume), the mapping
+    assumes the synchronous data-parallel case, every rank having consumed the same
+    ``k`` batches of the epoch, i.e. global batches ``0 .. kW - 1`` (``base .. base +
+    kW - 1`` when that epoch was itself resumed at ``base``): rank ``r'`` of ``W'``
+    then continues at ``base' + r'``, ``base' + r' + W'``, ... with ``base' = base +
+    kW``, so the new ranks together receive exactly the batches no old rank received.
+    Given every rank's state, the assumption is checked, and states that disagree are
+    refused (``ResumeError``): no mapping could then avoid repeating or skipping
+    batches. Given one state, it is trusted.
+    """
+    where = "state"
+    if isinstance(state, Mapping):
+        states = [state]
+    elif isinstance(state, Sequence) and not isinstance(state, (str, bytes)) and state:
+        states = list(state)
+        where = "a state in the list"
+    else:
+        raise ResumeError(f"state {state!r} is not a cursor: expected a state_dict() or a "
+                          f"non-empty list of every rank's")
+    default = (rank, world_size) if len(states) == 1 else None
+    cursors = [_cursor_fields(s, default, where) for s in states]
+    saved_world = {c[4] for c in cursors}
+    if len(saved_world) != 1:
+        raise ResumeError(f"the states were saved at different world sizes "
+                          f"{sorted(saved_world)}; give the states of one checkpoint")
+    (saved_world_size,) = saved_world
+    if saved_world_size == world_size:
+        own = [c for c in cursors if c[3] == rank]
+        if own:
+            epoch, index, base, _, _ = own[0]
+            return epoch, base, index
+    if len(cursors) > 1:
+        ranks = sorted(c[3] for c in cursors)
+        if ranks != list(range(saved_world_size)):
+            raise ResumeError(
+                f"the list holds the states of ranks {ranks} of {saved_world_size}; an "
+                f"elastic resume needs exactly one state per rank 0..{saved_world_size - 1}"
+            )
+
+    def consumed(cursor: tuple[int, int, int, int, int]) -> tuple[int, int]:
+        """(epoch, global batches of it consumed by the whole job, if in step)."""
+        epoch, index, base, r, w = cursor
+        return epoch, base + (index - base - r) // w * w
+
+    counts = {consumed(c) for c in cursors}
+    if len(counts) != 1:
+        detail = ", ".join(f"rank {c[3]}: epoch {c[0]} after {(c[1] - c[2] - c[3]) // c[4]}"
+                           for c in sorted(cursors, key=lambda c: c[3]))
+        raise ResumeError(
+            f"cannot map these states from world size {saved_world_size} to {world_size}: "
+            f"the ranks had consumed different numbers of batches ({detail}). An elastic "
+            f"resume is exact only for a synchronous checkpoint, where every rank has "
+            f"consumed the same number; resume at world size {saved_world_size}, each rank "
+            f"from its own state, or checkpoint when the ranks are in step"
+        )
+    ((epoch, next_base),) = counts
+    return epoch, next_base, next_base + rank
 
 
 class StreamTimeout(StreampackError, TimeoutError):
@@ -182,6 +289,9 @@ class BatchStream:
         self._socket: zmq.Socket | None = None
         self._epoch = 0
         self._index = rank  # next global index this rank yields
+        # First global index of this epoch's share at this world size: 0, except in the
+        # epoch an elastic resume continues (rank r gets base + r, base + r + W, ...).
+        self._base = 0
         self._requested: list[int] = []  # indices of the current epoch asked for, in order
         self._held: dict[int, CompactBatch] = {}
         self._held_bytes = 0
@@ -217,24 +327,17 @@ class BatchStream:
                 "rejected": self.rejected, "resent": self.resent}
 
     def state_dict(self) -> dict[str, int]:
-        """The cursor: the next batch this rank will yield."""
-        return {"epoch": self._epoch, "index": self._index}
+        """The cursor: the next batch this rank will yield, and where it stands in the
+        job (``rank``, ``world_size``), so a resume at another world size can map it."""
+        return {"epoch": self._epoch, "index": self._index, "base": self._base,
+                "rank": self.rank, "world_size": self.world_size}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from ``state`` (from ``state_dict``); drops anything prefetched."""
-        epoch, index = state.get("epoch"), state.get("index")
-        if (
-            not isinstance(epoch, int)
-            or not isinstance(index, int)
-            or epoch < 0
-            or index < 0
-            or index % self.world_size != self.rank
-        ):
-            raise StreampackError(
-                f"state {state!r} is not a cursor of rank {self.rank} of {self.world_size}: "
-                f"expected epoch >= 0 and index = {self.rank} mod {self.world_size}"
-            )
-        self._epoch, self._index = epoch, index
+    def load_state_dict(self, state: Mapping[str, int] | Sequence[Mapping[str, int]]) -> None:
+        """Continue from ``state``: this rank's ``state_dict()``, another rank's, or a
+        list of every rank's, saved at this world size or another (see
+        ``resume_cursor``). Drops anything prefetched."""
+        self._epoch, self._base, self._index = resume_cursor(state, self.rank,
+                                                             self.world_size)
         self._finished = False
         self._reset_socket()
 
@@ -306,7 +409,7 @@ class BatchStream:
 
     def _fetch(self, socket: zmq.Socket, index: int, count: int) -> None:
         fields = {"rank": self.rank, "world_size": self.world_size, "epoch": self._epoch,
-                  "index": index, "count": count}
+                  "index": index, "count": count, "base": self._base}
         socket.send_multipart(wire.encode("fetch", fields), copy=False)
 
     def _resend(self, socket: zmq.Socket) -> None:
@@ -352,6 +455,7 @@ class BatchStream:
             if self._limit is not None and self._index >= self._limit:
                 self._epoch += 1
                 self._index = self.rank
+                self._base = 0
                 self._limit = None
                 self._requested.clear()
                 self._held.clear()
@@ -399,7 +503,7 @@ class BatchStream:
             return False
         if kind == "epoch_end":
             if f["epoch"] == self._epoch:
-                self._limit = f["per_rank"] * self.world_size
+                self._limit = self._base + f["per_rank"] * self.world_size
                 self._requested = [i for i in self._requested if i < self._limit]
                 self.last_epoch_end = dict(f)
             return False

@@ -1,9 +1,9 @@
-"""The wire protocol between producer, pack workers and consumers (version 4).
+"""The wire protocol between producer, pack workers and consumers (version 5).
 
 Every message is a ZeroMQ multipart message::
 
     frame 0      header: one msgpack map, keys in this order
-                   "v"  protocol version (int, 4)
+                   "v"  protocol version (int, 5)
                    "k"  kind (str, one of KINDS)
                    ...  the kind's fields, in the order KINDS lists them
                    "f"  one [name, dtype, shape] triple per following frame
@@ -14,7 +14,7 @@ For example ``encode_header("ready", {"credit": 2, "needs_tokens": False})`` is 
 37 bytes (the tests pin them)::
 
     85                    map of 5
-    a1 76 04              "v": 4
+    a1 76 05              "v": 5
     a1 6b a5 72 65 61 64 79      "k": "ready"
     a6 63 72 65 64 69 74 02      "credit": 2
     ac 6e 65 65 64 73 5f 74 6f 6b 65 6e 73 c2      "needs_tokens": false
@@ -36,9 +36,13 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  order, records per batch; the producer
                                                  takes the tokens from its own window)
     failed     W->P  epoch window error          packing raised; the window is quarantined
-    fetch      C->P  rank world_size epoch index count
+    fetch      C->P  rank world_size epoch index count base
                                                  ask for global batches `index`, `index +
-                                                 world_size`, ... (`count` of them) of `epoch`
+                                                 world_size`, ... (`count` of them) of `epoch`;
+                                                 this rank's share of the epoch is `base +
+                                                 rank`, `base + rank + world_size`, ...
+                                                 (`base` is 0 except in the epoch an elastic
+                                                 resume continues: see client.resume_cursor)
     batch      P->C  epoch index window batch filler binding rows capacity
                                                  frames: tokens occurrences (a compact batch:
                                                  the selected tokens, occurrence records)
@@ -74,7 +78,7 @@ from streampack.examples import Binding
 if TYPE_CHECKING:
     import zmq
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 _INT = "int"
 _STR = "str"
@@ -117,7 +121,8 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
     ),
     "failed": ((("epoch", _INT), ("window", _INT), ("error", _STR)), ()),
     "fetch": (
-        (("rank", _INT), ("world_size", _INT), ("epoch", _INT), ("index", _INT), ("count", _INT)),
+        (("rank", _INT), ("world_size", _INT), ("epoch", _INT), ("index", _INT), ("count", _INT),
+         ("base", _INT)),
         (),
     ),
     "batch": (

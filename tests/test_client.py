@@ -31,8 +31,10 @@ from streampack.client import (
     REUSED_BLOCKS,
     BatchMemory,
     BatchStream,
+    ResumeError,
     StreamDigest,
     StreamTimeout,
+    resume_cursor,
 )
 
 BINDING = Binding(vocab_size=512, tokenizer="t", split_receipt="r", partition="train")
@@ -118,7 +120,7 @@ def test_rank_receives_its_share_in_order_then_stops(fake):
             indices.append(s.current)
             assert batch.filler
         assert indices == [(0, 1), (0, 4), (0, 7), (0, 10), (0, 13)]
-        assert s.state_dict() == {"epoch": 1, "index": 1}
+        assert s.state_dict() == {"epoch": 1, "index": 1, "base": 0, "rank": 1, "world_size": 3}
     assert all(f["rank"] == 1 and f["world_size"] == 3 for f in producer.fetches)
 
 
@@ -157,6 +159,81 @@ def test_bad_cursor_is_refused(fake, state):
     with BatchStream("tcp://127.0.0.1:1", rank=0, world_size=2) as s:
         with pytest.raises(StreampackError, match="not a cursor of rank 0 of 2"):
             s.load_state_dict(state)
+
+
+def states_after(k, world_size, epoch=0):
+    """Every rank's state_dict() after k batches each, at world_size."""
+    return [{"epoch": epoch, "index": k * world_size + r, "rank": r, "world_size": world_size}
+            for r in range(world_size)]
+
+
+@pytest.mark.parametrize(("saved", "k", "resumed"), [(4, 3, 2), (2, 5, 3), (3, 0, 5), (3, 4, 6)])
+def test_resume_at_another_world_size_starts_each_rank_after_every_consumed_batch(
+        saved, k, resumed):
+    """Global batches 0..kW-1 were consumed: the new ranks receive kW, kW+1, ... between
+    them, each exactly once, whether given every rank's state or one rank's."""
+    states = states_after(k, saved, epoch=1)
+    starts = [resume_cursor(states, r, resumed) for r in range(resumed)]
+    assert starts == [(1, k * saved, k * saved + r) for r in range(resumed)]
+    for one in states:
+        assert [resume_cursor(one, r, resumed) for r in range(resumed)] == starts
+
+
+def test_resume_at_the_same_world_size_takes_each_ranks_own_state():
+    """Unequal counts are exact at the same world size: each rank continues its own."""
+    states = states_after(3, 2)
+    states[1]["index"] = 1 + 2 * 7
+    assert resume_cursor(states, 1, 2) == (0, 0, 15)
+    assert resume_cursor(states, 0, 2) == (0, 0, 6)
+
+
+def test_a_resumed_epoch_can_be_checkpointed_and_resumed_again():
+    """4 ranks after 3 batches (12 consumed), then 3 ranks after 2 more each (18): a
+    resume at 2 ranks continues at 18 and 19."""
+    first = [dict(zip(("epoch", "base", "index"), resume_cursor(states_after(3, 4), r, 3)),
+                  rank=r, world_size=3) for r in range(3)]
+    assert [s["index"] for s in first] == [12, 13, 14]
+    second = [s | {"index": s["index"] + 2 * 3} for s in first]
+    assert [resume_cursor(second, r, 2) for r in range(2)] == [(0, 18, 18), (0, 18, 19)]
+
+
+@pytest.mark.parametrize(
+    ("states", "match"),
+    [
+        ([states_after(3, 4)[0], states_after(2, 4)[1], *states_after(3, 4)[2:]],
+         r"different numbers of batches \(rank 0: epoch 0 after 3, rank 1: epoch 0 after 2"),
+        (states_after(3, 4)[:3], r"ranks \[0, 1, 2\] of 4; an elastic resume needs exactly one"),
+        ([*states_after(1, 2), *states_after(1, 3)], "different world sizes \\[2, 3\\]"),
+        ([{"epoch": 0, "index": 0}, {"epoch": 0, "index": 1}], "lacks rank and world_size"),
+        ({"epoch": 0, "index": 6, "rank": 1, "world_size": 4}, "not a cursor of rank 1 of 4"),
+        ({"epoch": 0, "index": 6, "base": 8, "rank": 2, "world_size": 4}, "0 <= base <= index"),
+        ([], "non-empty list"),
+        ("epoch=0", "not a cursor"),
+    ],
+)
+def test_states_that_cannot_be_mapped_are_refused_saying_why(states, match):
+    with pytest.raises(ResumeError, match=match):
+        resume_cursor(states, 0, 3)
+
+
+def test_load_state_dict_of_another_world_size_fetches_the_mapped_batches(fake):
+    def twelve(fields, _):
+        """12 global batches; a rank's share counts from the fetch's base."""
+        epoch, index, world, base = (fields[k] for k in ("epoch", "index", "world_size", "base"))
+        if epoch >= 1:
+            return [wire.encode("stream_end", {"epochs": 1})]
+        per_rank = -(-(12 - base) // world)
+        if index >= base + per_rank * world:
+            return [wire.encode("epoch_end", {"epoch": 0, "per_rank": per_rank, "total": 12})]
+        return [filler_frames(epoch, index)]
+
+    producer = fake(twelve)
+    with BatchStream(producer.endpoint, rank=1, world_size=2, timeout=30) as s:
+        s.load_state_dict(states_after(2, 3))  # 6 consumed at world size 3
+        rest = [s.current for _ in s]
+    assert rest == [(0, 7), (0, 9), (0, 11)]
+    assert s.state_dict() == {"epoch": 1, "index": 1, "base": 0, "rank": 1, "world_size": 2}
+    assert {f["base"] for f in producer.fetches if f["epoch"] == 0} == {6}
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,8 @@ GARBAGE = [
     [msgpack.packb({"v": 99, "k": "ready", "credit": 1, "f": []})],
     [msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "window", "epoch": 0, "window": 0,
                     "binding": {}, "config": {}, "f": []})],
-    wire.encode("fetch", {"rank": 3, "world_size": 2, "epoch": 0, "index": 3, "count": 1}),
+    wire.encode("fetch", {"rank": 3, "world_size": 2, "epoch": 0, "index": 3, "count": 1,
+                          "base": 0}),
     [wire.encode_header("ready", {"credit": 1, "needs_tokens": False}), b"unannounced frame"],
 ]
 

@@ -93,7 +93,7 @@ def test_digest_command_prints_the_in_process_stream(tmp_path):
     assert line["digest"] == want["digest"]
     assert (line["batches"], line["fillers"], line["tokens"]) == (
         want["batches"], want["fillers"], want["tokens"])
-    assert line["state"] == {"epoch": 1, "index": 1}
+    assert line["state"] == {"epoch": 1, "index": 1, "base": 0, "rank": 1, "world_size": 2}
 
 
 def test_health_exits_1_when_no_producer_answers():

@@ -38,7 +38,7 @@ def worked_compact() -> CompactBatch:
 def test_ready_header_bytes_are_pinned():
     header = wire.encode_header("ready", {"credit": 2, "needs_tokens": False})
     assert header == bytes.fromhex(
-        "85" "a176" "04" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
+        "85" "a176" "05" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
         "ac" + b"needs_tokens".hex() + "c2" "a166" "90"
     )
     assert len(header) == 37
@@ -46,10 +46,10 @@ def test_ready_header_bytes_are_pinned():
 
 def test_fetch_header_bytes_are_pinned():
     header = wire.encode_header(
-        "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4})
+        "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4, "base": 0})
     expected = (
-        b"\x88\xa1v\x04\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
-        b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa1f\x90"
+        b"\x89\xa1v\x05\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa4base\x00\xa1f\x90"
     )
     assert header == expected
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from streampack.client import BatchStream, StreamDigest
+from streampack.client import BatchStream, ResumeError, StreamDigest
 from streampack.progress import Progress
 from streampack.settings import ConsumerSettings, add_flags, from_args
 
@@ -77,7 +77,12 @@ def main(args: argparse.Namespace) -> int:
     ) as stream:
         if args.state_in:
             with open(args.state_in) as handle:
-                stream.load_state_dict(json.load(handle))
+                saved = json.load(handle)
+            try:
+                stream.load_state_dict(saved)
+            except ResumeError as exc:
+                raise SystemExit(f"streampack consume: --state-in {args.state_in}: {exc}") \
+                    from None
         # The clock starts once the stream is built (it loads its compiled expand kernel,
         # a one-off cost per process), at the first request: the rate is the stream's.
         started = time.perf_counter()

@@ -93,10 +93,11 @@ def main(args: argparse.Namespace) -> int:
     if settings.epochs == 0 and args.max_batches is None:
         raise SystemExit("streampack digest: epochs = 0 is unbounded; give --max-batches N")
     digest = StreamDigest()
-    state = {"epoch": settings.epochs, "index": args.rank}
+    where = {"rank": args.rank, "world_size": args.world_size}
+    state = {"epoch": settings.epochs, "index": args.rank, "base": 0} | where
     for epoch, index, batch in rank_stream(settings, args.rank, args.world_size):
         if args.max_batches is not None and digest.batches >= args.max_batches:
-            state = {"epoch": epoch, "index": index}
+            state = {"epoch": epoch, "index": index, "base": 0} | where
             break
         digest.update(batch, epoch, index)
     print(json.dumps(digest.summary(args.rank, args.world_size, state)), flush=True)
