@@ -279,3 +279,15 @@ def test_every_dashboard_query_names_a_metric_the_code_exports():
                  "streampack_window_pack_seconds_bucket",
                  "streampack_client_blocked_seconds_total"):
         assert name in used, name
+
+
+def test_docs_name_every_health_field_and_every_metric():
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "service.md").read_text()
+    producer = Producer(ProducerSettings(corpus=str(FIXTURE), capacity=256, window_tokens=3000))
+    producer.stats["pack_seconds"] += 0.5  # present once a worker reported
+    producer.stats["last_audit_error"] = "x"  # present once an audit failed
+    fields = set(producer.snapshot()) | {"serving", "worker_restarts"}
+    missing = {field for field in fields if f"`{field}`" not in docs}
+    assert not missing, f"docs/service.md does not describe health fields {sorted(missing)}"
+    missing = {name for name in all_exported_names() if f"`{name}`" not in docs}
+    assert not missing, f"docs/service.md does not describe metrics {sorted(missing)}"
