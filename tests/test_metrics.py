@@ -190,6 +190,11 @@ def test_scraped_metrics_agree_with_the_consumers_and_the_quarantine_file(tmp_pa
     assert sum(value(w, "streampack_worker_windows_packed_total") for w in workers) == windows
     assert sum(value(w, "streampack_worker_pack_seconds_count") for w in workers) == windows
     assert value(producer, "streampack_window_pack_seconds_count") == windows
+    # Every fetch was answered: one serve latency per batch or filler each rank received,
+    # plus the fetches past the end (each rank prefetches 4: up to 4 epoch_end and 4
+    # stream_end answers).
+    answered = sum(o["batches"] for o in outputs)
+    assert answered < value(producer, "streampack_serve_seconds_count") <= answered + 2 * 8
 
 
 def test_the_client_counts_what_it_yielded_and_how_long_it_waited():
@@ -276,7 +281,7 @@ def test_every_dashboard_query_names_a_metric_the_code_exports():
                  "streampack_reorder_budget_bytes", "streampack_window_bytes",
                  "streampack_window_budget_bytes", "streampack_pending_fetches",
                  "streampack_audit_failures_total", "streampack_fill_ratio",
-                 "streampack_window_pack_seconds_bucket",
+                 "streampack_window_pack_seconds_bucket", "streampack_serve_seconds_bucket",
                  "streampack_client_blocked_seconds_total"):
         assert name in used, name
 

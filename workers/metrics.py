@@ -114,6 +114,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "streampack_fill_ratio": ("gauge", "Real tokens over cells of the batches sent so far"),
     "streampack_window_pack_seconds": ("histogram",
                                        "Seconds a worker took to pack one window, as it reports"),
+    "streampack_serve_seconds": ("histogram", "Seconds from a fetch's arrival at the producer "
+                                 "to its answer (a batch, a filler or the end of the epoch)"),
     **{f"{name}_total": ("counter", text) for name, text in WORKER_COUNTERS.values()},
     "streampack_worker_pack_seconds": ("histogram", "Seconds this worker took per window"),
 }
@@ -210,7 +212,7 @@ class WorkerCollector(Collector):
 
 
 def pack_histogram(name: str, registry: CollectorRegistry) -> Histogram:
-    """A latency histogram (seconds per window) registered in ``registry``."""
+    """A latency histogram (seconds) registered in ``registry``."""
     return Histogram(name, METRICS[name][1], buckets=LATENCY_BUCKETS, registry=registry)
 
 
@@ -218,8 +220,9 @@ class ProducerMetrics:
     """The producer's registry: its collector plus the pack-latency histogram.
 
     The producer integration is: build one with its ``snapshot`` method and budgets,
-    call ``observe_pack(seconds)`` for each accepted ``packed`` report, and ``serve``
-    when ``metrics_port`` is set.
+    call ``observe_pack(seconds)`` for each accepted ``packed`` report and
+    ``observe_serve(seconds)`` for each fetch answered, and serve ``registry`` with
+    ``MetricsServer`` when ``metrics_port`` is set.
     """
 
     def __init__(self, snapshot: Callable[[], Mapping[str, Any]], *,
@@ -229,9 +232,14 @@ class ProducerMetrics:
             snapshot, window_budget_bytes=window_budget_bytes,
             reorder_budget_bytes=reorder_budget_bytes))
         self.pack_seconds = pack_histogram("streampack_window_pack_seconds", self.registry)
+        self.serve_seconds = pack_histogram("streampack_serve_seconds", self.registry)
 
     def observe_pack(self, seconds: float) -> None:
         self.pack_seconds.observe(seconds)
+
+    def observe_serve(self, seconds: float) -> None:
+        """A fetch answered ``seconds`` after it arrived."""
+        self.serve_seconds.observe(seconds)
 
 
 class WorkerMetrics:

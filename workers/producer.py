@@ -169,6 +169,7 @@ class Producer:
         self.world_size: int | None = None
         self.floors: dict[int, tuple[int, int]] = {}
         self.pending: dict[tuple[int, int], list[bytes]] = {}
+        self.fetched_at: dict[tuple[int, int], float] = {}  # first fetch of each pending key
         self.pending_count: dict[bytes, int] = collections.defaultdict(int)
         self.started = False
         self._filler_frames: list[Any] | None = None
@@ -604,6 +605,8 @@ class Producer:
             floor = self.floors.get(rank)
             if floor is None or key < floor:
                 self.floors[rank] = key
+            if key not in self.pending:
+                self.fetched_at[key] = time.monotonic()
             self.pending.setdefault(key, []).append(identity)
             self.pending_count[identity] += 1
             if not self.started:
@@ -672,6 +675,9 @@ class Producer:
                 else:
                     continue
             del self.pending[key]
+            asked = self.fetched_at.pop(key, None)
+            if self.metrics is not None and asked is not None:
+                self.metrics.observe_serve(time.monotonic() - asked)
             for identity in identities:
                 self.pending_count[identity] -= 1
                 if self.pending_count[identity] <= 0:
