@@ -296,3 +296,16 @@ def test_docs_name_every_health_field_and_every_metric():
     assert not missing, f"docs/service.md does not describe health fields {sorted(missing)}"
     missing = {name for name in all_exported_names() if f"`{name}`" not in docs}
     assert not missing, f"docs/service.md does not describe metrics {sorted(missing)}"
+
+
+def test_serve_refuses_worker_metrics_ports_past_65535():
+    import subprocess
+
+    from _service import command, env
+
+    proc = subprocess.run(command("serve", "--corpus", str(FIXTURE), "--workers", "2",
+                                  "--metrics-port", "65534"),
+                          env=env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "metrics_port 65534: local workers serve theirs on the next 2 ports" in proc.stderr
+    assert "Traceback" not in proc.stderr
