@@ -17,7 +17,8 @@ import pytest
 from _service import FIXTURE, Service, consume, expected, result
 
 from streampack.client import BatchStream, StreamDigest
-from streampack.sources import CutSpec, iter_windows, open_corpus
+from streampack.corpus import open_corpus
+from streampack.windows import CutSpec, iter_windows
 
 pytestmark = pytest.mark.slow
 

@@ -33,7 +33,8 @@ from _service import (
 )
 
 from streampack import wire
-from streampack.sources import CutSpec, iter_windows, open_corpus
+from streampack.corpus import open_corpus
+from streampack.windows import CutSpec, iter_windows
 
 pytestmark = pytest.mark.slow
 

@@ -129,7 +129,7 @@ def test_tokens_of_a_small_vocabulary_travel_as_uint16_and_expand_the_same():
 def test_a_worker_sends_plans_and_the_producer_adds_the_window_tokens():
     """``packed`` carries a window's plans only; the tokens come from the window."""
     from streampack.packing import plan_compact
-    from streampack.sources import Window
+    from streampack.windows import Window
 
     examples = Examples.from_documents(WORKED)
     occurrences, sizes = plan_compact(examples, BINDING, WORKED_CONFIG)

@@ -31,8 +31,9 @@ from streampack.service.consume import occurrence_ids
 from streampack.service.health import check
 
 from streampack.client import BatchStream
+from streampack.corpus import open_corpus
 from streampack.progress import Progress
-from streampack.sources import CutSpec, iter_windows, open_corpus
+from streampack.windows import CutSpec, iter_windows
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """``streampack digest``: what one rank would receive, computed in this process.
 
-No sockets, no workers: the same windows (``sources.iter_windows``), packed with
+No sockets, no workers: the same windows (``windows.iter_windows``), packed with
 ``pack_examples`` (the service sends ``pack_compact`` batches and expands them in the
 consumer, so agreeing digests also check that path), the same global numbering and
 epoch-tail rule as the producer. The printed JSON line has the fields of
@@ -20,8 +20,9 @@ from streampack.service.worker import window_examples
 
 from streampack import PackConfig, PackedBatch, pack_examples
 from streampack.client import StreamDigest
+from streampack.corpus import open_corpus
 from streampack.settings import ProducerSettings, add_flags, from_args
-from streampack.sources import CutSpec, iter_windows, open_corpus
+from streampack.windows import CutSpec, iter_windows
 
 
 def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterator[PackedBatch]:

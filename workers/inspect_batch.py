@@ -40,7 +40,7 @@ def corpus_batch(settings: ProducerSettings, epoch: int, index: int) -> PackedBa
     """Global batch ``index`` of ``epoch``, as the service numbers it."""
     from streampack.service.digest import epoch_batches
 
-    from streampack.sources import open_corpus
+    from streampack.corpus import open_corpus
 
     if epoch < 0 or index < 0:
         raise InvalidConfig(f"--epoch {epoch} --batch {index}; accepted: both >= 0")

@@ -7,7 +7,7 @@ One thread, one ``zmq.Poller`` over two ROUTER sockets::
     consumer endpoint (ROUTER) <- fetch{rank, world_size, epoch, index, count} / health
                                -> batch / epoch_end / stream_end / status / error
 
-The pipeline, for epoch e (windows numbered 0, 1, ... by ``sources.iter_windows``)::
+The pipeline, for epoch e (windows numbered 0, 1, ... by ``windows.iter_windows``)::
 
     cut ──▶ in flight {(e, w): window, worker}
               │ packed: the plans of all its batches, checked against the window;
@@ -69,11 +69,12 @@ import numpy as np
 import zmq
 
 from streampack import CompactBatch, InvalidArray, wire
+from streampack.corpus import open_corpus
 from streampack.errors import InvalidConfig, ProtocolError
 from streampack.kernels.pack_cpu import plan_matches_window
 from streampack.packing import warm_up_kernels
 from streampack.settings import ProducerSettings, add_flags, from_args, read_curve_secret
-from streampack.sources import CutSpec, Window, iter_windows, open_corpus
+from streampack.windows import CutSpec, Window, iter_windows
 
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5  # a window lost this often is quarantined (it may be killing workers)

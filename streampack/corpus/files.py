@@ -1,0 +1,48 @@
+"""File checks shared by the readers: regular files only, names kept inside the corpus."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from streampack.errors import InvalidConfig
+
+
+def regular_file(path: Path, what: str) -> Path:
+    """``path`` if it is an existing regular file (a FIFO or device would block or
+    never end a read), else a clear error naming it."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise InvalidConfig(f"{what} {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise InvalidConfig(f"cannot read {what} {str(path)!r}: {exc}") from exc
+    if not stat.S_ISREG(mode):
+        raise InvalidConfig(
+            f"{what} {str(path)!r} is not a regular file (a FIFO, device or directory); "
+            f"expected a regular file"
+        )
+    return path
+
+
+def inside(root: Path, name: str, what: str, *, allow_outside: bool) -> Path:
+    """``root / name``, refused when ``name`` is absolute or leads outside ``root``
+    (``..``, or a symbolic link pointing out) unless ``allow_outside``: a manifest
+    must not make the service read files it was not pointed at."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise InvalidConfig(f"{what} name {name!r} must be a non-empty path string")
+    path = root / name
+    if allow_outside:
+        return path
+    if Path(name).is_absolute():
+        raise InvalidConfig(
+            f"{what} {name!r} is an absolute path; names in a manifest are relative to "
+            f"the corpus directory {str(root)!r} (set corpus_allow_outside to allow this)"
+        )
+    resolved_root = root.resolve()
+    if not path.resolve().is_relative_to(resolved_root):
+        raise InvalidConfig(
+            f"{what} {name!r} leads outside the corpus directory {str(root)!r}; names in a "
+            f"manifest stay inside it (set corpus_allow_outside to allow this)"
+        )
+    return path

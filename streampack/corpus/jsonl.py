@@ -1,0 +1,82 @@
+"""JSON Lines of token lists, read lazily line by line.
+
+One document per line: ``{"tokens": [...]}`` with optional ``"id"`` (int, becomes the
+example id) and ``"start"``/``"stop"`` (the selected range; default the whole
+document). Every line is a document and takes a source id, blank and malformed lines
+too (they are quarantined as ``malformed``), so a source id always names a line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from streampack.corpus.files import regular_file
+from streampack.corpus.reader import BindingSpec, Record
+
+
+class JsonlSource:
+    """JSON Lines files in manifest order; sequential (shuffles use a bounded buffer)."""
+
+    random_access = False
+
+    def __init__(self, paths: list[Path], binding: BindingSpec) -> None:
+        self.binding = binding
+        self.paths = [regular_file(path, "JSON Lines file") for path in paths]
+        self.num_documents: int | None = None
+
+    def records(self) -> Iterator[Record]:
+        source_id = 0
+        for path in self.paths:
+            with open(path, "rb") as handle:
+                for line_number, line in enumerate(handle, start=1):
+                    yield parse_line(line, source_id, f"{path.name}:{line_number}")
+                    source_id += 1
+
+
+def parse_line(line: bytes, source_id: int, location: str) -> Record:
+    """The document of one JSON Lines line; a bad line becomes a quarantined record."""
+
+    def bad(reason: str, detail: str, tokens: np.ndarray | None = None) -> Record:
+        return Record(source_id, tokens, 0, 0, source_id, reason, detail, location)
+
+    if not line.strip():
+        return bad("malformed", "blank line; expected a JSON object")
+    try:
+        data = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:  # ValueError: also a 5000-digit int
+        return bad("malformed", f"not JSON: {exc}")
+    except RecursionError:
+        # Deep nesting ("[[[[..."): the parser's recursion limit, not a crash.
+        return bad("malformed", "JSON nested too deeply")
+    if not isinstance(data, dict) or not isinstance(data.get("tokens"), list):
+        return bad("malformed", "expected an object with a 'tokens' list")
+    raw = data["tokens"]
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        kinds = sorted(
+            {type(t).__name__ for t in raw if not isinstance(t, int) or isinstance(t, bool)}
+        )
+        return bad("wrong_dtype", f"tokens must be integers; found {kinds}")
+    try:
+        tokens = np.array(raw, dtype=np.int64)
+    except OverflowError:
+        return bad("out_of_vocabulary", "a token does not fit in 64 bits")
+    example_id = data.get("id", source_id)
+    if isinstance(example_id, bool) or not isinstance(example_id, int) or not (
+        -(2**63) <= example_id < 2**63
+    ):
+        return bad("malformed", f"id {example_id!r} must be a 64-bit integer")
+    start = data.get("start", 0)
+    stop = data.get("stop", len(tokens))
+    if (
+        isinstance(start, bool)
+        or isinstance(stop, bool)
+        or not isinstance(start, int)
+        or not isinstance(stop, int)
+        or not 0 <= start <= stop <= len(tokens)
+    ):
+        return bad("bad_range", f"range [{start!r}, {stop!r}) is not inside 0..{len(tokens)}")
+    return Record(source_id, tokens, start, stop, example_id, None, "", location)

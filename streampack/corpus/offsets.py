@@ -1,0 +1,151 @@
+"""Random access over documents stored as one token array plus document offsets.
+
+Token shards, Arrow record batches and Megatron ``.bin`` files all store a corpus as
+*parts*: a flat token array (memory-mapped) and the offsets where each document starts,
+``tokens[offsets[i]:offsets[i + 1]]`` being document ``i`` of the part. One reader
+serves them all: :class:`OffsetsReader`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from streampack.corpus.reader import BindingSpec
+from streampack.errors import InvalidConfig
+
+# Integer dtypes whose every value fits in int32: gathered into int32, not int64.
+_NARROW = {np.dtype(d) for d in (np.int8, np.uint8, np.int16, np.uint16, np.int32)}
+_CHUNK = 1 << 20  # offsets checked this many at a time: memory stays bounded
+
+
+@dataclasses.dataclass
+class Part:
+    """One flat token array and its document offsets (any array-like indexable by
+    ints, slices and int arrays; a memory map in practice)."""
+
+    name: str
+    tokens: Any
+    offsets: Any
+    tokens_are_integers: bool = True  # False: every document is quarantined wrong_dtype
+
+
+def check_offsets(offsets: Any, num_tokens: int, where: str, *, from_zero: bool = True) -> None:
+    """Refuse offsets that are empty, do not start at 0 (when ``from_zero``), decrease,
+    or end past ``num_tokens`` (or, when ``from_zero``, anywhere but at it); checked in
+    chunks so a large memory map is never read into memory at once."""
+    if len(offsets) < 1:
+        raise InvalidConfig(f"{where}: offsets are empty; expected at least [0]")
+    first, last = int(offsets[0]), int(offsets[len(offsets) - 1])
+    if (from_zero and (first != 0 or last != num_tokens)) or not 0 <= first <= last <= num_tokens:
+        expected = (f"start at 0 and end at the token count {num_tokens}" if from_zero
+                    else f"lie within 0..{num_tokens}")
+        raise InvalidConfig(
+            f"{where}: offsets run from {first} to {last}; they must {expected}"
+        )
+    for lo in range(0, len(offsets) - 1, _CHUNK):
+        chunk = np.asarray(offsets[lo : lo + _CHUNK + 1])
+        steps = np.diff(chunk)
+        if (steps < 0).any():
+            at = lo + int(np.flatnonzero(steps < 0)[0])
+            raise InvalidConfig(
+                f"{where}: offsets decrease at document {at} "
+                f"({int(chunk[at - lo])} then {int(chunk[at - lo + 1])}); "
+                f"they must never decrease"
+            )
+
+
+class OffsetsReader:
+    """Documents of several parts, addressed by source id across them in order;
+    random access, so shuffles are full permutations."""
+
+    random_access = True
+
+    def __init__(self, parts: list[Part], binding: BindingSpec, where: str) -> None:
+        self.binding = binding
+        self.parts = parts
+        counts = [len(p.offsets) - 1 for p in parts]
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.num_documents = int(self._first[-1])
+        if self.num_documents == 0:
+            raise InvalidConfig(f"{where}: the corpus holds no documents")
+        self.names = [p.name for p in parts]
+        self._tokens = [p.tokens for p in parts]
+        self._offsets = [p.offsets for p in parts]
+        self._dtype_ok = [p.tokens_are_integers for p in parts]
+
+    def _locate(self, ids: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self._first, ids, side="right") - 1
+
+    def _parts_of(self, part: np.ndarray) -> np.ndarray:
+        """The distinct parts in ``part`` (usually one: no sort needed then)."""
+        if len(part) and part.min() == part.max():
+            return part[:1]
+        return np.unique(part)
+
+    def lengths(self, ids: np.ndarray) -> np.ndarray:
+        """Token counts of documents ``ids`` (corpus positions)."""
+        out = np.empty(len(ids), dtype=np.int64)
+        part = self._locate(ids)
+        for s in self._parts_of(part):
+            offsets = self._offsets[s]
+            if len(ids) > 1 and part[0] == part[-1] and ids[-1] - ids[0] == len(ids) - 1 \
+                    and (np.diff(ids) == 1).all():
+                # A run of consecutive documents (no shuffle): one slice of the offsets.
+                lo = int(ids[0] - self._first[s])
+                out[:] = np.diff(np.asarray(offsets[lo : lo + len(ids) + 1]))
+                return out
+            sel = part == s
+            local = ids[sel] - self._first[s]
+            out[sel] = np.asarray(offsets[local + 1]) - np.asarray(offsets[local])
+        return out
+
+    def location(self, source_id: int) -> str:
+        part = int(self._locate(np.array([source_id]))[0])
+        return f"{self.names[part]}#{source_id - int(self._first[part])}"
+
+    def gather(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of documents ``ids`` concatenated in that order, and dtype flags.
+
+        Returns ``(tokens, dtype_ok)``. A run of consecutive documents of one part (the
+        common case) comes back as a read-only view of the memory map, in the part's
+        dtype: the screen reads it and makes the window's own copy. Otherwise tokens
+        come back as int32 when every part involved holds a dtype that fits int32, as
+        int64 otherwise (the vocabulary screen catches values out of range).
+        ``dtype_ok[i]`` is False for documents of a part whose tokens are not integers;
+        their tokens come back as zeros.
+        """
+        total = int(lengths.sum())
+        part = self._locate(ids)
+        involved = self._parts_of(part)
+        wide = any(self._tokens[s].dtype not in _NARROW for s in involved)
+        dtype_ok = np.ones(len(ids), dtype=bool)
+        if total and len(involved) == 1 and self._dtype_ok[int(involved[0])] \
+                and ids[-1] - ids[0] == len(ids) - 1 and np.all(np.diff(ids) == 1):
+            # Contiguous run in one part: one slice of the memory map, not copied here.
+            s = int(involved[0])
+            lo = int(self._offsets[s][int(ids[0] - self._first[s])])
+            return self._tokens[s][lo : lo + total], dtype_ok
+        tokens = np.empty(total, dtype=np.int64 if wide else np.int32)
+        if total == 0:
+            return tokens, dtype_ok
+        out_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        for s in involved:
+            sel = np.flatnonzero(part == s)
+            lens = lengths[sel]
+            n = int(lens.sum())
+            if n == 0:
+                continue
+            before = np.cumsum(np.concatenate([[0], lens[:-1]]))
+            dst_index = np.repeat(out_starts[sel] - before, lens) + np.arange(n)
+            if not self._dtype_ok[s]:
+                dtype_ok[sel] = False
+                tokens[dst_index] = 0
+                continue
+            local = ids[sel] - self._first[s]
+            src_starts = np.asarray(self._offsets[s][local])
+            src_index = np.repeat(src_starts - before, lens) + np.arange(n)
+            tokens[dst_index] = self._tokens[s][src_index]
+        return tokens, dtype_ok

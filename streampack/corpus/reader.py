@@ -1,0 +1,94 @@
+"""What every corpus reader offers the window cut (``streampack.windows``).
+
+Two kinds of reader, told apart by ``random_access``:
+
+* random access (token shards, Arrow, Megatron): documents are addressed by their
+  source id ``0 .. num_documents - 1``; the cut asks for lengths and tokens of any ids,
+  so a shuffled epoch is a full permutation of (seed, epoch);
+* sequential (JSON Lines, Parquet): documents come in corpus order from ``records()``;
+  a shuffled epoch goes through a bounded, seeded shuffle buffer.
+
+A source id is a document's position in its corpus (files in manifest order). Both
+kinds carry the corpus binding (:class:`BindingSpec`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from streampack.examples import Binding
+
+
+@dataclasses.dataclass(frozen=True)
+class BindingSpec:
+    """The binding fields of a manifest, as read; ``to_binding`` checks them."""
+
+    vocab_size: int
+    tokenizer: str
+    split_receipt: str
+    partition: str
+
+    def to_binding(self) -> Binding:
+        return Binding(
+            vocab_size=self.vocab_size,
+            tokenizer=self.tokenizer,
+            split_receipt=self.split_receipt,
+            partition=self.partition,
+        )
+
+
+@dataclasses.dataclass
+class Record:
+    """One document of a sequential reader as read, before screening."""
+
+    source_id: int
+    tokens: np.ndarray | None  # None when the document is unusable (``reason`` says why)
+    start: int  # the selected range
+    stop: int
+    example_id: int
+    reason: str | None  # a quarantine reason found while reading, else None
+    detail: str
+    location: str  # where a person finds it, e.g. "docs.jsonl:17"
+
+
+@runtime_checkable
+class RandomAccessReader(Protocol):
+    """Documents addressed by source id; every document is selected whole."""
+
+    random_access: bool  # True
+    binding: BindingSpec
+    num_documents: int
+
+    def lengths(self, ids: np.ndarray) -> np.ndarray:
+        """Token counts (int64) of documents ``ids``."""
+        ...
+
+    def gather(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens, dtype_ok)``: the tokens of documents ``ids`` concatenated in that
+        order (any integer dtype; possibly a read-only view of a memory map), and per
+        document False where its tokens are not integers (they come back as zeros)."""
+        ...
+
+    def location(self, source_id: int) -> str:
+        """Where a person finds document ``source_id``, e.g. ``"shard-000#17"``."""
+        ...
+
+
+@runtime_checkable
+class SequentialReader(Protocol):
+    """Documents read once, in corpus order."""
+
+    random_access: bool  # False
+    binding: BindingSpec
+    num_documents: int | None  # None when unknown before reading everything
+
+    def records(self) -> Iterator[Record]:
+        """Every document in corpus order, source ids 0, 1, 2, ..."""
+        ...
+
+
+Reader = RandomAccessReader | SequentialReader

@@ -1,0 +1,55 @@
+"""Token shards: pairs of NumPy files, memory-mapped.
+
+A shard ``NAME`` is ``NAME.tokens.npy`` (int32, uint16 or uint32 tokens) and
+``NAME.offsets.npy`` (int64 document boundaries: ``offsets[0] == 0``, never
+decreasing, ``offsets[-1] == len(tokens)``), next to the manifest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from streampack.corpus.files import regular_file
+from streampack.corpus.offsets import OffsetsReader, Part, check_offsets
+from streampack.corpus.reader import BindingSpec
+from streampack.errors import InvalidConfig
+
+TOKEN_DTYPES = {np.dtype(np.int32), np.dtype(np.uint16), np.dtype(np.uint32)}
+
+
+def _load(path: Path, what: str) -> np.ndarray:
+    regular_file(path, what)
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        size = path.stat().st_size
+        problem = "is empty (0 bytes)" if size == 0 else f"is not a readable .npy file ({exc})"
+        raise InvalidConfig(f"{what} {str(path)!r} {problem}; expected a NumPy array "
+                            f"written by numpy.save") from exc
+
+
+def open_shard(root: Path, name: str) -> Part:
+    """Memory-map shard ``name`` of the corpus in ``root`` and check its offsets."""
+    tokens = _load(root / f"{name}.tokens.npy", f"shard {name!r} tokens")
+    offsets_path = root / f"{name}.offsets.npy"
+    offsets = _load(offsets_path, f"shard {name!r} offsets")
+    if offsets.ndim != 1 or offsets.dtype.kind not in "iu":
+        raise InvalidConfig(
+            f"shard {name!r}: offsets {str(offsets_path)!r} have dtype {offsets.dtype} and "
+            f"shape {offsets.shape}; expected a 1-D int64 array"
+        )
+    if tokens.ndim != 1:
+        raise InvalidConfig(f"shard {name!r}: tokens shape {tokens.shape}; expected 1-D")
+    check_offsets(offsets, len(tokens), f"shard {name!r} ({str(offsets_path)!r})")
+    return Part(name, tokens, offsets, tokens_are_integers=tokens.dtype in TOKEN_DTYPES)
+
+
+class TokenShardSource(OffsetsReader):
+    """Token shards in manifest order (a shard whose tokens are not int32, uint16 or
+    uint32 is read, and its documents quarantined as ``wrong_dtype``)."""
+
+    def __init__(self, root: Path, names: list[str], binding: BindingSpec) -> None:
+        super().__init__([open_shard(root, name) for name in names], binding,
+                         f"token shards in {str(root)!r}")
