@@ -87,6 +87,7 @@ class ProducerSettings:
     """What the producer reads, how it cuts and packs, and how much it may hold."""
 
     corpus: str | None = None
+    corpus_allow_outside: bool = False
     worker_endpoint: str = "tcp://127.0.0.1:5555"
     consumer_endpoint: str = "tcp://127.0.0.1:5556"
     capacity: int = 2048
@@ -113,6 +114,10 @@ class ProducerSettings:
         _check_metrics(self.metrics_port, self.metrics_address)
         if self.corpus is not None and not isinstance(self.corpus, str):
             raise InvalidConfig(f"corpus = {self.corpus!r} must be a path string")
+        if not isinstance(self.corpus_allow_outside, bool):
+            raise InvalidConfig(
+                f"corpus_allow_outside = {self.corpus_allow_outside!r} must be true or false"
+            )
         _check_endpoint("worker_endpoint", self.worker_endpoint)
         _check_endpoint("consumer_endpoint", self.consumer_endpoint)
         _check_int("capacity", self.capacity, minimum=1)
@@ -182,6 +187,8 @@ class ConsumerSettings:
 
 FIELD_HELP: dict[str, str] = {
     "corpus": "corpus manifest (JSON) or a directory holding manifest.json",
+    "corpus_allow_outside": "let file names in the corpus manifest be absolute or lead "
+    "outside its directory",
     "worker_endpoint": "where the producer binds for pack workers (use tcp://0.0.0.0:PORT "
     "to accept remote workers)",
     "consumer_endpoint": "where the producer binds for consumers and health checks",

@@ -209,3 +209,127 @@ def test_bundled_corpus_is_regenerated_byte_for_byte(tmp_path):
     for path in sorted(FIXTURE.iterdir()):
         if path.is_file() and path.suffix != ".py":
             assert (tmp_path / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+# Corpus-reading defects: each is one clear InvalidConfig naming the file, or a
+# quarantined document, never a crash or a hang.
+
+
+def test_deeply_nested_json_line_is_quarantined_not_a_crash(tmp_path):
+    lines = [json.dumps({"tokens": doc(4)}), "[" * 100_000,
+             '{"tokens": [2, 3, 1' + "9" * 5000 + "]}", json.dumps({"tokens": doc(5)})]
+    source = open_corpus(write_jsonl(tmp_path, lines))
+    (window,) = iter_windows(source, 0, CutSpec(capacity=8, window_documents=9, window_tokens=99))
+    assert [(q["source_id"], q["reason"]) for q in window.quarantined] == [
+        (1, "malformed"), (2, "malformed")]
+    assert "nested too deeply" in window.quarantined[0]["detail"]
+    np.testing.assert_array_equal(window.source_id, [0, 3])
+
+
+def test_digest_survives_a_deeply_nested_line(tmp_path):
+    import subprocess
+    import sys
+
+    path = write_jsonl(tmp_path, [json.dumps({"tokens": doc(4)}), "[" * 100_000])
+    out = subprocess.run(
+        [sys.executable, "-m", "streampack.cli", "digest", "--corpus", str(path), "--rank", "0",
+         "--world-size", "1", "--capacity", "8", "--window-tokens", "99"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1])["batches"] == 1
+
+
+def test_blank_lines_take_a_source_id_like_every_line(tmp_path):
+    lines = [json.dumps({"tokens": doc(4)}), "", "   ", json.dumps({"tokens": doc(5)})]
+    source = open_corpus(write_jsonl(tmp_path, lines))
+    (window,) = iter_windows(source, 0, CutSpec(capacity=8, window_documents=9, window_tokens=99))
+    assert [(q["source_id"], q["reason"], q["location"]) for q in window.quarantined] == [
+        (1, "malformed", "docs.jsonl:2"), (2, "malformed", "docs.jsonl:3")]
+    np.testing.assert_array_equal(window.source_id, [0, 3])  # line 4 is source id 3
+
+
+def test_a_manifest_that_is_not_utf8_is_one_clear_error(tmp_path):
+    (tmp_path / "manifest.json").write_bytes(b'{"format": "streampack-corpus\xff\xfe"}')
+    with pytest.raises(InvalidConfig, match="manifest.json' is not UTF-8 text"):
+        open_corpus(tmp_path)
+
+
+def test_a_zero_byte_offsets_file_is_one_clear_error(tmp_path):
+    write_shards(tmp_path, [[doc(3)]])
+    (tmp_path / "s0.offsets.npy").write_bytes(b"")
+    with pytest.raises(InvalidConfig, match=r"offsets '.*s0\.offsets\.npy' is empty \(0 bytes\)"):
+        open_corpus(tmp_path)
+
+
+def test_a_truncated_tokens_file_is_one_clear_error(tmp_path):
+    write_shards(tmp_path, [[doc(300)]])
+    data = (tmp_path / "s0.tokens.npy").read_bytes()
+    (tmp_path / "s0.tokens.npy").write_bytes(data[: len(data) // 2])
+    with pytest.raises(InvalidConfig, match=r"s0\.tokens\.npy' is not a readable \.npy file"):
+        open_corpus(tmp_path)
+
+
+def test_decreasing_offsets_name_the_document(tmp_path):
+    write_shards(tmp_path, [[doc(3), doc(3)]])
+    np.save(tmp_path / "s0.offsets.npy", np.array([0, 4, 2, 6], dtype=np.int64))
+    with pytest.raises(InvalidConfig, match="offsets decrease at document 1 \\(4 then 2\\)"):
+        open_corpus(tmp_path)
+
+
+def test_an_empty_corpus_is_refused(tmp_path):
+    write_shards(tmp_path, [[]])
+    with pytest.raises(InvalidConfig, match="holds no documents"):
+        open_corpus(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["../outside", "/etc/passwd", "sub/../../outside"])
+def test_manifest_names_may_not_leave_the_corpus_directory(tmp_path, name):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_shards(tmp_path, [[doc(3)]])  # a real shard one level up
+    (tmp_path / "outside.jsonl").write_text(json.dumps({"tokens": doc(3)}) + "\n")
+    for key, entry in (("shards", name), ("jsonl", name + ".jsonl")):
+        manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
+                    key: [entry]}
+        (corpus / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(InvalidConfig, match="absolute path|leads outside the corpus"):
+            open_corpus(corpus)
+
+
+def test_names_outside_the_directory_open_when_allowed(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_shards(tmp_path, [[doc(3), doc(4)]])
+    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
+                "shards": [str(tmp_path / "s0")]}
+    (corpus / "manifest.json").write_text(json.dumps(manifest))
+    assert open_corpus(corpus, allow_outside=True).num_documents == 2
+
+
+def test_a_symlink_leading_out_is_refused(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (tmp_path / "secret.jsonl").write_text(json.dumps({"tokens": doc(3)}) + "\n")
+    (corpus / "docs.jsonl").symlink_to(tmp_path / "secret.jsonl")
+    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
+                "jsonl": ["docs.jsonl"]}
+    (corpus / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidConfig, match="leads outside the corpus"):
+        open_corpus(corpus)
+
+
+@pytest.mark.parametrize("which", ["tokens", "jsonl"])
+def test_a_fifo_is_refused_not_read(tmp_path, which):
+    import os
+
+    if which == "tokens":
+        write_shards(tmp_path, [[doc(3)]])
+        (tmp_path / "s0.tokens.npy").unlink()
+        os.mkfifo(tmp_path / "s0.tokens.npy")
+        path = tmp_path
+    else:
+        path = write_jsonl(tmp_path, [json.dumps({"tokens": doc(3)})])
+        (tmp_path / "docs.jsonl").unlink()
+        os.mkfifo(tmp_path / "docs.jsonl")
+    with pytest.raises(InvalidConfig, match="is not a regular file"):
+        open_corpus(path)

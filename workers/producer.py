@@ -116,7 +116,7 @@ class Producer:
             )
         self.settings = settings
         self.log = log or logger.info
-        self.source = open_corpus(settings.corpus)
+        self.source = open_corpus(settings.corpus, allow_outside=settings.corpus_allow_outside)
         self.binding = self.source.binding.to_binding()
         self.binding_wire = wire.binding_to_wire(self.binding)
         self.spec = CutSpec.from_settings(settings)
