@@ -137,8 +137,28 @@ class PackedBatch:
     occurrences: np.ndarray
     binding: Binding
     filler: bool = False
+    #: int32 per occurrence: the index, in the corpus manifest's ``sources``, of the source
+    #: each occurrence came from (all 0 for a corpus of one source; zeros when not given).
+    sources: np.ndarray = None  # type: ignore[assignment]
 
     ARRAY_FIELDS = tuple(ARRAY_DTYPES)
+
+    def __post_init__(self) -> None:
+        if self.sources is None:
+            object.__setattr__(self, "sources", np.zeros(len(self.occurrences), np.int32))
+
+    def cell_sources(self) -> np.ndarray:
+        """``[rows, capacity]`` int32: the source index of every cell's occurrence, -1 in
+        padding. With ``loss_mask`` it splits a token-weighted loss by source, e.g.
+        ``nll[loss_mask & (cell_sources() == k)].sum()``."""
+        out = np.full((self.rows, self.capacity), -1, np.int32)
+        occ = self.occurrences
+        lengths = (occ["stop"] - occ["start"]).astype(np.int64)
+        cells = (np.repeat(occ["row"].astype(np.int64) * self.capacity + occ["start"]
+                           - np.cumsum(lengths) + lengths, lengths)
+                 + np.arange(int(lengths.sum())))
+        out.reshape(-1)[cells] = np.repeat(self.sources, lengths)
+        return out
 
     @property
     def rows(self) -> int:
@@ -302,6 +322,11 @@ class CompactBatch:
     capacity: int
     binding: Binding
     filler: bool = False
+    sources: np.ndarray = None  # type: ignore[assignment]  # as PackedBatch.sources
+
+    def __post_init__(self) -> None:
+        if self.sources is None:
+            object.__setattr__(self, "sources", np.zeros(len(self.occurrences), np.int32))
 
     @classmethod
     def filler_like(cls, binding: Binding, rows: int, capacity: int) -> CompactBatch:
@@ -325,6 +350,12 @@ class CompactBatch:
         if tokens.dtype not in (np.int32, np.uint16) or tokens.ndim != 1:
             fail(f"tokens dtype {tokens.dtype} shape {tokens.shape}; expected 1-D int32 "
                  f"or uint16")
+        sources = self.sources
+        if sources.dtype != np.int32 or sources.shape != occ.shape:
+            fail(f"sources dtype {sources.dtype} shape {sources.shape}; expected int32, one "
+                 f"per occurrence ({occ.shape[0]})")
+        if sources.size and int(sources.min()) < 0:
+            fail(f"source index {int(sources.min())}; accepted: >= 0")
         if self.filler or occ.size == 0:
             if not (self.filler and occ.size == 0 and tokens.size == 0):
                 fail("a batch is a filler exactly when it has no occurrences and no tokens")
@@ -363,7 +394,8 @@ class CompactBatch:
             return PackedBatch.filler_like(self.binding, self.rows, self.capacity)
         arrays = expanded_arrays(self.rows, self.capacity, block)
         fill_compact(self.tokens, self.occurrences, *arrays.values())
-        return PackedBatch(**arrays, occurrences=self.occurrences, binding=self.binding)
+        return PackedBatch(**arrays, occurrences=self.occurrences, binding=self.binding,
+                           sources=self.sources)
 
     @property
     def expanded_nbytes(self) -> int:
@@ -372,7 +404,7 @@ class CompactBatch:
 
     @property
     def nbytes(self) -> int:
-        return int(self.tokens.nbytes + self.occurrences.nbytes)
+        return int(self.tokens.nbytes + self.occurrences.nbytes + self.sources.nbytes)
 
     @property
     def real_tokens(self) -> int:

@@ -30,8 +30,8 @@ an earlier batch (``BatchMemory``).
 
 ``StreamDigest`` defines the digest ``streampack consume`` and ``streampack digest``
 print: SHA-256 over, per batch in order, ``epoch`` and ``index`` (little-endian
-int64), the filler flag (one byte), every array of ``PackedBatch.ARRAY_FIELDS`` and
-the occurrence records, as little-endian C-order bytes.
+int64), the filler flag (one byte), every array of ``PackedBatch.ARRAY_FIELDS``, the
+occurrence records and their source indices, as little-endian C-order bytes.
 """
 
 from __future__ import annotations
@@ -219,6 +219,7 @@ class StreamDigest:
             array = getattr(batch, name)
             h.update(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).data)
         h.update(np.ascontiguousarray(batch.occurrences).data)
+        h.update(np.ascontiguousarray(batch.sources, dtype="<i4").data)
         self.batches += 1
         self.fillers += int(bool(batch.filler))
         self.tokens += int(np.asarray(batch.valid_lengths).sum())

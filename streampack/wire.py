@@ -44,8 +44,10 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  (`base` is 0 except in the epoch an elastic
                                                  resume continues: see client.resume_cursor)
     batch      P->C  epoch index window batch filler binding rows capacity
-                                                 frames: tokens occurrences (a compact batch:
-                                                 the selected tokens, occurrence records)
+                                                 frames: tokens occurrences sources (a
+                                                 compact batch: the selected tokens,
+                                                 occurrence records, and each occurrence's
+                                                 source index in a mixture, int32)
     epoch_end  P->C  epoch per_rank total        `index` is past this rank's share
     stream_end P->C  epochs                      no more epochs
     health     C->P  (none)                      are you serving?
@@ -94,7 +96,7 @@ _FLOAT = "float"
 # of all the bytes the producer moved, and a message per batch). Nor does a window carry
 # its tokens to a worker that only plans (version 4): next-fit needs the ranges alone,
 # and the tokens were half the bytes of a window message and a copy in the worker.
-BATCH_FRAMES = ("tokens", "occurrences")
+BATCH_FRAMES = ("tokens", "occurrences", "sources")
 PLAN_FRAMES = ("occurrences", "batch_sizes")
 WINDOW_FRAMES = ("tokens", "offsets", "doc", "start", "stop", "source_id", "example_id")
 
@@ -149,6 +151,7 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
 # Tokens travel as uint16 when the vocabulary fits (``token_dtype``): half the bytes.
 FRAME_DTYPES: dict[str, tuple[str, ...]] = {
     "tokens": ("<i4", "<u2"),
+    "sources": ("<i4",),
     "offsets": ("<i8",),
     "doc": ("<i8",),
     "start": ("<i8",),
@@ -418,7 +421,7 @@ def binding_from_wire(data: Mapping[str, Any]) -> Binding:
 
 def batch_arrays(batch: CompactBatch) -> dict[str, np.ndarray]:
     """The frames of a ``CompactBatch`` in protocol order."""
-    return {"tokens": batch.tokens, "occurrences": batch.occurrences}
+    return {"tokens": batch.tokens, "occurrences": batch.occurrences, "sources": batch.sources}
 
 
 def batch_shape(batch: CompactBatch) -> dict[str, int]:
@@ -439,6 +442,7 @@ def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) ->
         return CompactBatch(
             tokens=message.arrays["tokens"],
             occurrences=message.arrays["occurrences"],
+            sources=message.arrays["sources"],
             rows=f["rows"],
             capacity=f["capacity"],
             binding=binding_from_wire(f["binding"]),

@@ -314,7 +314,7 @@ def _worked_compact() -> sp.CompactBatch:
 def test_compact_batch_carries_selected_tokens_in_order():
     compact = _worked_compact()
     assert compact.tokens.tolist() == A + B + C
-    assert compact.nbytes == 12 * 4 + 3 * sp.OCCURRENCE_DTYPE.itemsize
+    assert compact.nbytes == 12 * 4 + 3 * (sp.OCCURRENCE_DTYPE.itemsize + 4)
 
 
 def _tampered(field: str, index: int, value: int) -> sp.CompactBatch:

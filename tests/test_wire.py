@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from streampack import (
     Binding,
     CompactBatch,
     Examples,
+    InvalidArray,
     PackConfig,
     ProtocolError,
     pack_compact,
@@ -107,8 +110,33 @@ def test_batch_travels_compact_and_expands_to_the_packed_batch():
 def test_a_batch_costs_about_four_bytes_per_cell_on_the_wire():
     compact = worked_compact()
     frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
-    assert sum(len(bytes(f)) for f in frames[1:]) == 12 * 4 + 3 * 64
+    assert sum(len(bytes(f)) for f in frames[1:]) == 12 * 4 + 3 * (64 + 4)  # + int32 source
     assert worked_batch().stats()["cells"] * 23 == 276
+
+
+def test_each_occurrences_source_index_travels_with_the_batch():
+    """The worked batch as if A and C came from mixture source 2 and B from source 0: the
+    indices survive the wire and the expansion, and label every cell."""
+    compact = dataclasses.replace(worked_compact(), sources=np.array([2, 0, 2], np.int32))
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
+    assert msgpack.unpackb(frames[0])["f"][2] == ["sources", "<i4", [3]]
+    assert bytes(frames[3]) == bytes.fromhex("02000000" "00000000" "02000000")
+    batch = wire.batch_from_message(wire.decode(frames)).expand()
+    assert batch.sources.tolist() == [2, 0, 2]
+    assert batch.cell_sources().tolist() == [[2, 2, 2, 0, 0, -1], [2, 2, 2, 2, -1, -1]]
+    assert worked_batch().sources.tolist() == [0, 0, 0]  # one source: all 0
+
+
+@pytest.mark.parametrize(("sources", "match"), [
+    (np.array([0, 1], np.int32), r"sources dtype int32 shape \(2,\); expected int32, one per "
+                                 r"occurrence \(3\)"),
+    (np.array([0, -1, 0], np.int32), "source index -1"),
+    (np.array([0, 1, 0], np.int64), "sources dtype int64"),
+])
+def test_bad_source_indices_are_refused(sources, match):
+    compact = dataclasses.replace(worked_compact(), sources=sources)
+    with pytest.raises(InvalidArray, match=match):
+        compact.checked(max_cells=12)
 
 
 def test_tokens_of_a_small_vocabulary_travel_as_uint16_and_expand_the_same():
