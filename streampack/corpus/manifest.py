@@ -100,10 +100,48 @@ def _open_jsonl(root: Path, names: list[str], entry: dict[str, Any], binding: Bi
                         for n in names], binding)
 
 
+def _column(entry: dict[str, Any]) -> str:
+    from streampack.corpus.arrow import DEFAULT_COLUMN
+
+    column = entry.get("column", DEFAULT_COLUMN)
+    if not isinstance(column, str) or not column:
+        raise InvalidConfig(f"column {column!r} must be the name of a token-list column")
+    return column
+
+
+def _open_parquet(root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec,
+                  allow_outside: bool) -> Reader:
+    from streampack.corpus.parquet import ParquetSource
+
+    return ParquetSource([inside(root, n, "Parquet file", allow_outside=allow_outside)
+                          for n in names], _column(entry), binding)
+
+
+def _open_arrow(root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec,
+                allow_outside: bool) -> Reader:
+    from streampack.corpus.arrow import ArrowSource
+
+    return ArrowSource([inside(root, n, "Arrow data", allow_outside=allow_outside)
+                        for n in names], names, _column(entry), binding)
+
+
+def _open_megatron(root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec,
+                   allow_outside: bool) -> Reader:
+    from streampack.corpus.megatron import MegatronSource
+
+    for name in names:
+        for suffix in (".idx", ".bin"):
+            inside(root, name + suffix, "Megatron file", allow_outside=allow_outside)
+    return MegatronSource([root / n for n in names], names, binding)
+
+
 # Format key in the manifest -> opener(root, names, entry, binding, allow_outside).
 FORMATS: dict[str, Callable[..., Reader]] = {
-    "shards": _open_shards,
-    "jsonl": _open_jsonl,
+    "shards": _open_shards,  # NAME.tokens.npy + NAME.offsets.npy
+    "jsonl": _open_jsonl,  # JSON Lines of {"tokens": [...]}
+    "parquet": _open_parquet,  # Parquet files, option "column" (default "input_ids")
+    "arrow": _open_arrow,  # save_to_disk directories or .arrow files, option "column"
+    "megatron": _open_megatron,  # PREFIX.bin + PREFIX.idx
 }
 
 
