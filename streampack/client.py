@@ -51,6 +51,7 @@ from streampack import wire
 from streampack.batch import CompactBatch, PackedBatch
 from streampack.errors import ProtocolError, StreampackError
 from streampack.examples import Binding
+from streampack.settings import check_curve_key, check_endpoint, check_rank
 
 #: Seconds without any answer after which outstanding fetches are sent again.
 RESEND_AFTER = 5.0
@@ -268,12 +269,13 @@ class BatchStream:
         max_message_bytes: int = 256 << 20,
         curve_server_key: str | None = None,
     ) -> None:
-        for name, value, low in (("world_size", world_size, 1), ("prefetch", prefetch, 1),
-                                 ("prefetch_bytes", prefetch_bytes, 1)):
+        check_rank(rank, world_size)
+        for name, value, low in (("prefetch", prefetch, 1), ("prefetch_bytes", prefetch_bytes, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise StreampackError(f"{name} = {value!r} must be an int >= {low}")
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise StreampackError(f"rank = {rank!r} must be an int in 0..{world_size - 1}")
+        # Refused here, not when the first fetch makes the socket.
+        check_endpoint("endpoint", endpoint)
+        check_curve_key("curve_server_key", curve_server_key)
         if not timeout > 0:
             raise StreampackError(f"timeout = {timeout!r} must be > 0 seconds")
         self.endpoint = endpoint
@@ -363,14 +365,16 @@ class BatchStream:
             wire.configure_socket(socket, self._max_message_bytes)
             if self._curve_server_key:
                 wire.curve_client(socket, self._curve_server_key)
-            socket.connect(self.endpoint)
+            wire.attach(socket, self.endpoint, field="endpoint", bind=False)
             self._socket = socket
         return self._socket
 
     def close(self) -> None:
         self._reset_socket()
         if self._context is not None:
-            self._context.term()
+            # destroy, not term: it closes any socket left open (without lingering)
+            # first, so closing can never wait forever.
+            self._context.destroy(linger=0)
             self._context = None
 
     def __enter__(self) -> BatchStream:

@@ -28,6 +28,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
+import os
+import re
+import struct
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,23 +47,94 @@ else:  # pragma: no cover - exercised only on Python 3.10
 _MIB = 1 << 20
 
 TAIL_MODES = ("fill", "drop")
-_ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
+_ENDPOINT_FORMS = "tcp://HOST:PORT (PORT 1-65535 or *), ipc://PATH or inproc://NAME"
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-def _check_endpoint(field: str, value: str) -> None:
-    if not isinstance(value, str) or not value.startswith(_ENDPOINT_SCHEMES):
+def _endpoint_problem(value: str) -> str:
+    """Why ``value`` is not an endpoint ZeroMQ can bind or connect, or "" when it is."""
+    scheme, separator, address = value.partition("://")
+    if not separator or scheme not in ("tcp", "ipc", "inproc"):
+        return "it has no tcp://, ipc:// or inproc:// scheme"
+    if scheme != "tcp":
+        return "" if address else f"the {scheme}:// address is empty"
+    host, colon, port = address.rpartition(":")
+    if not colon:
+        return "it has no :PORT"
+    if port != "*" and not (port.isdigit() and 1 <= int(port) <= 65535):
+        return f"port {port!r} is not a number in 1-65535 or *"
+    if host.startswith("[") and host.endswith("]"):
+        address_text, kind = host[1:-1], ipaddress.IPv6Address
+    elif host and all(c.isdigit() or c == "." for c in host):
+        address_text, kind = host, ipaddress.IPv4Address
+    elif host == "*" or _HOST_NAME.fullmatch(host):
+        return ""
+    else:
+        return f"host {host!r} is not an IP address, a host name or *"
+    try:
+        kind(address_text)
+    except ValueError:
+        return f"host {host!r} is not a valid IP address"
+    return ""
+
+
+def check_endpoint(field: str, value: Any) -> None:
+    """Refuse ``value`` unless ZeroMQ can bind or connect it (checked before any socket)."""
+    problem = _endpoint_problem(value) if isinstance(value, str) else "it is not a string"
+    if problem:
         raise InvalidConfig(
-            f"{field} = {value!r} is not a ZeroMQ endpoint; "
-            f"expected tcp://HOST:PORT, ipc://PATH or inproc://NAME"
+            f"{field} = {value!r} is not a ZeroMQ endpoint ({problem}); expected {_ENDPOINT_FORMS}"
         )
 
 
-def _check_curve_key(field: str, value: Any) -> None:
-    if value is not None and (not isinstance(value, str) or len(value) != 40):
+def z85_key_problem(key: str | bytes) -> str:
+    """Why ``key`` is not a 40-character Z85 CURVE key, or "" when it is one."""
+    from zmq.utils import z85
+
+    text = key.decode("ascii", "replace") if isinstance(key, bytes) else key
+    if len(text) != 40:
+        return f"it has {len(text)} characters, not 40"
+    try:
+        z85.decode(text)
+    except (KeyError, ValueError, struct.error):  # a character outside Z85, or overflow
+        return "it is not Z85 text (ZeroMQ's printable key encoding)"
+    return ""
+
+
+def check_curve_key(field: str, value: Any) -> None:
+    """Refuse a CURVE public key that ZeroMQ would reject (``None``: no CURVE)."""
+    if value is None:
+        return
+    problem = z85_key_problem(value) if isinstance(value, str) else "it is not a string"
+    if problem:
         raise InvalidConfig(
-            f"{field} = {value!r} is not a Z85 CURVE public key; expected the 40 characters "
-            f"of the producer's public key (see docs/service.md, Security)"
+            f"{field} = {value!r} is not a CURVE public key ({problem}); expected the 40 Z85 "
+            f"characters of the producer's public key (see docs/service.md, Security)"
         )
+
+
+def check_rank(rank: Any, world_size: Any) -> None:
+    """Refuse a (rank, world size) pair that names no rank of a job."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise InvalidConfig(f"world_size = {world_size!r} must be an integer >= 1")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise InvalidConfig(
+            f"rank = {rank!r} is not a rank of world_size {world_size}; "
+            f"expected an integer in 0..{world_size - 1}"
+        )
+
+
+def check_output_path(field: str, path: str) -> None:
+    """Refuse, at startup, a file path that could not be written later: its directory must
+    exist and be writable (and the path, when it exists, must be a writable file)."""
+    target = Path(path)
+    folder = target.parent
+    if not folder.is_dir():
+        raise InvalidConfig(f"{field} = {path!r}: directory {str(folder)!r} does not exist; "
+                            f"expected a file path in an existing, writable directory")
+    if target.is_dir() or not os.access(target if target.exists() else folder, os.W_OK):
+        raise InvalidConfig(f"{field} = {path!r} is not writable; expected a file path in an "
+                            f"existing, writable directory")
 
 
 def _check_int(field: str, value: Any, *, minimum: int) -> None:
@@ -118,8 +193,8 @@ class ProducerSettings:
             raise InvalidConfig(
                 f"corpus_allow_outside = {self.corpus_allow_outside!r} must be true or false"
             )
-        _check_endpoint("worker_endpoint", self.worker_endpoint)
-        _check_endpoint("consumer_endpoint", self.consumer_endpoint)
+        check_endpoint("worker_endpoint", self.worker_endpoint)
+        check_endpoint("consumer_endpoint", self.consumer_endpoint)
         _check_int("capacity", self.capacity, minimum=1)
         _check_int("max_rows_per_batch", self.max_rows_per_batch, minimum=1)
         if self.max_cells is not None:
@@ -157,8 +232,8 @@ class WorkerSettings:
 
     def __post_init__(self) -> None:
         _check_metrics(self.metrics_port, self.metrics_address)
-        _check_endpoint("connect", self.connect)
-        _check_curve_key("curve_server_key", self.curve_server_key)
+        check_endpoint("connect", self.connect)
+        check_curve_key("curve_server_key", self.curve_server_key)
         _check_int("prefetch", self.prefetch, minimum=1)
         _check_float("heartbeat_interval", self.heartbeat_interval, minimum=0.0)
         _check_int("audit_every", self.audit_every, minimum=0)
@@ -177,8 +252,8 @@ class ConsumerSettings:
     curve_server_key: str | None = None
 
     def __post_init__(self) -> None:
-        _check_endpoint("connect", self.connect)
-        _check_curve_key("curve_server_key", self.curve_server_key)
+        check_endpoint("connect", self.connect)
+        check_curve_key("curve_server_key", self.curve_server_key)
         _check_int("prefetch", self.prefetch, minimum=1)
         _check_int("prefetch_bytes", self.prefetch_bytes, minimum=1)
         _check_float("timeout", self.timeout, minimum=0.0)
@@ -230,13 +305,14 @@ _SECTIONS = {ProducerSettings: "producer", WorkerSettings: "worker", ConsumerSet
 def read_curve_secret(path: str) -> bytes:
     """The Z85 secret key in ``path`` (surrounding whitespace ignored)."""
     try:
-        key = Path(path).read_text().strip().encode()
+        key = Path(path).read_bytes().strip()
     except OSError as exc:
         raise InvalidConfig(f"cannot read curve_secret_key_file {path!r}: {exc}") from exc
-    if len(key) != 40:
+    problem = z85_key_problem(key)
+    if problem:
         raise InvalidConfig(
-            f"curve_secret_key_file {path!r} holds {len(key)} characters; expected a 40-character "
-            f"Z85 secret key"
+            f"curve_secret_key_file {path!r} does not hold a CURVE secret key ({problem}); "
+            f"expected a file holding the 40 Z85 characters of one"
         )
     return key
 

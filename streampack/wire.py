@@ -74,7 +74,7 @@ import msgpack
 import numpy as np
 
 from streampack.batch import OCCURRENCE_DTYPE, CompactBatch
-from streampack.errors import InvalidArray, ProtocolError
+from streampack.errors import InvalidArray, InvalidConfig, ProtocolError
 from streampack.examples import Binding
 
 if TYPE_CHECKING:
@@ -478,3 +478,28 @@ def configure_socket(socket: zmq.Socket, max_message_bytes: int) -> None:
 
     socket.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
     socket.setsockopt(zmq.LINGER, 0)
+
+
+def attach(socket: Any, endpoint: str, *, field: str, bind: bool) -> None:
+    """Bind ``socket`` to, or connect it to, ``endpoint`` (the setting ``field``).
+
+    ZeroMQ's refusal (a port in use, an address no interface has) becomes one
+    :class:`InvalidConfig` line naming the setting; the socket is then closed, so that
+    terminating its context cannot wait on it.
+    """
+    import zmq
+
+    try:
+        if bind:
+            socket.bind(endpoint)
+        else:
+            socket.connect(endpoint)
+    except zmq.ZMQError as exc:
+        socket.close(linger=0)
+        hint = ("; choose a free port or stop the process using it"
+                if exc.errno == zmq.EADDRINUSE else "")
+        verb = "bind" if bind else "connect to"
+        raise InvalidConfig(
+            f"{field} = {endpoint!r}: cannot {verb} it: {zmq.strerror(exc.errno)}{hint}"
+        ) from None
+

@@ -153,7 +153,7 @@ def test_load_state_dict_resumes_at_the_cursor(fake):
 
 
 @pytest.mark.parametrize(
-    "state", [{"epoch": 0, "index": 1}, {"epoch": -1, "index": 0}, {"index": 0}, {}]
+    "state", [{"epoch": 0, "index": 1}, {"epoch": -1, "index": 0}, {"index": 0}, {}, [0, 0]]
 )
 def test_bad_cursor_is_refused(fake, state):
     with BatchStream("tcp://127.0.0.1:1", rank=0, world_size=2) as s:
@@ -239,7 +239,7 @@ def test_load_state_dict_of_another_world_size_fetches_the_mapped_batches(fake):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"rank": 2, "world_size": 2}, "rank = 2 must be an int in 0..1"),
+        ({"rank": 2, "world_size": 2}, "rank = 2 is not a rank of world_size 2"),
         ({"rank": 0, "world_size": 0}, "world_size = 0"),
         ({"rank": 0, "world_size": 1, "prefetch": 0}, "prefetch = 0"),
         ({"rank": 0, "world_size": 1, "timeout": 0}, "timeout = 0"),

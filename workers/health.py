@@ -14,17 +14,20 @@ import zmq
 
 from streampack import wire
 from streampack.errors import ProtocolError
+from streampack.settings import check_curve_key, check_endpoint
 
 
 def check(endpoint: str, timeout: float, curve_server_key: str | None = None) -> dict | None:
     """The producer's status, or None when it does not answer in time."""
+    check_endpoint("endpoint", endpoint)
+    check_curve_key("curve_server_key", curve_server_key)
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     try:
         wire.configure_socket(socket, 1 << 24)
         if curve_server_key:
             wire.curve_client(socket, curve_server_key)
-        socket.connect(endpoint)
+        wire.attach(socket, endpoint, field="endpoint", bind=False)
         socket.send_multipart(wire.encode("health", {}), copy=False)
         if not socket.poll(int(timeout * 1000), zmq.POLLIN):
             return None

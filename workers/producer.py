@@ -73,7 +73,13 @@ from streampack.corpus import open_corpus
 from streampack.errors import InvalidConfig, ProtocolError
 from streampack.kernels.pack_cpu import plan_matches_window
 from streampack.packing import warm_up_kernels
-from streampack.settings import ProducerSettings, add_flags, from_args, read_curve_secret
+from streampack.settings import (
+    ProducerSettings,
+    add_flags,
+    check_output_path,
+    from_args,
+    read_curve_secret,
+)
 from streampack.windows import CutSpec, Window, iter_windows
 
 logger = logging.getLogger(__name__)
@@ -140,6 +146,8 @@ class Producer:
         self.quarantine_reasons: dict[str, int] = collections.defaultdict(int)
         self.tokens_by_rank: dict[int, int] = collections.defaultdict(int)  # rank < world_size
         self.metrics: Any = None  # service.metrics.ProducerMetrics while metrics are served
+        if settings.quarantine_path:
+            check_output_path("quarantine_path", settings.quarantine_path)
         self._quarantine_file = (
             open(settings.quarantine_path, "a") if settings.quarantine_path else None
         )
@@ -733,16 +741,17 @@ class Producer:
         workers = context.socket(zmq.ROUTER)
         consumers = context.socket(zmq.ROUTER)
         try:
-            for socket, endpoint in (
-                (workers, self.settings.worker_endpoint),
-                (consumers, self.settings.consumer_endpoint),
+            for socket, field, endpoint in (
+                (workers, "worker_endpoint", self.settings.worker_endpoint),
+                (consumers, "consumer_endpoint", self.settings.consumer_endpoint),
             ):
                 wire.configure_socket(socket, self.settings.max_message_bytes)
                 if self.curve_secret is not None:
                     wire.curve_server(socket, self.curve_secret)
-                socket.bind(endpoint)
+                wire.attach(socket, endpoint, field=field, bind=True)
             if local_worker_endpoint is not None:
-                workers.bind(local_worker_endpoint)
+                wire.attach(workers, local_worker_endpoint, field="local worker endpoint",
+                            bind=True)
             self.serving = True
             self.log(
                 f"producer: serving workers on {workers.getsockopt(zmq.LAST_ENDPOINT).decode()} "
@@ -807,11 +816,7 @@ def install_stop_handlers(stop: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        settings = from_args(ProducerSettings, args)
-        producer = Producer(settings)
-    except InvalidConfig as exc:
-        raise SystemExit(f"streampack produce: {exc}") from None
+    producer = Producer(from_args(ProducerSettings, args))
     install_stop_handlers(producer.stop)
     code = producer.run()
     print(json.dumps({"producer": producer.snapshot()}), flush=True)

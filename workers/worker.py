@@ -206,7 +206,7 @@ class Worker:
         wire.configure_socket(socket, self.settings.max_message_bytes)
         if self.settings.curve_server_key:
             wire.curve_client(socket, self.settings.curve_server_key)
-        socket.connect(self.settings.connect)
+        wire.attach(socket, self.settings.connect, field="connect", bind=False)
         self._send(socket, "ready", {"credit": self.settings.prefetch,
                                      "needs_tokens": self.needs_tokens})
         self._next_beat = time.monotonic() + self.settings.heartbeat_interval
