@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import StreampackError
+from .errors import InternalError, StreampackError
 from .logs import add_logging_flags, setup_logging
 
 # (name, module, one-line help). Add a subcommand by adding a row.
@@ -32,6 +32,9 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("demo", "streampack.service.demo",
      "serve the bundled corpus to two ranks and verify exactly once"),
 ]
+
+# Flags whose value may begin with "-" (see _join_key_values).
+KEY_FLAGS = ("--curve-server-key",)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -61,9 +64,26 @@ def chosen_command(argv: list[str]) -> str | None:
     return None
 
 
+def _join_key_values(argv: list[str]) -> list[str]:
+    """``--curve-server-key KEY`` as ``--curve-server-key=KEY``: a Z85 key may begin with
+    ``-``, which argparse would otherwise take for an option."""
+    joined: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if token in KEY_FLAGS:
+            token = f"{token}={next(tokens, '')}"
+        joined.append(token)
+    return joined
+
+
+def _user_error_line(error: Exception) -> str:
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.strerror or error}: {error.filename!r}"
+    return str(error)
+
+
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
-        argv = sys.argv[1:]
+    argv = _join_key_values(sys.argv[1:] if argv is None else argv)
     # An unknown name builds no subcommand at all: argparse reports it with the list.
     command = chosen_command(argv)
     names = {name for name, _, _ in COMMANDS}
@@ -72,9 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         # Every process logs alike: its role is the subcommand (see streampack.logs).
         setup_logging(args.command, fmt=args.log_format, level=args.log_level)
         return int(args._module.main(args) or 0)
-    except StreampackError as error:
-        # A user mistake (bad flag value, missing corpus, ...): say what, not a traceback.
-        print(f"streampack: error: {error}", file=sys.stderr)
+    except InternalError:
+        raise  # a bug in streampack: the traceback is what its report needs
+    except (StreampackError, OSError) as error:
+        # A user mistake (bad flag value, missing corpus, unwritable path, ...): one line
+        # that says what, not a traceback.
+        print(f"streampack {args.command}: error: {_user_error_line(error)}", file=sys.stderr)
         return 2
 
 

@@ -61,5 +61,5 @@ def test_a_user_error_is_one_line_and_exit_code_2(tmp_path):
         [sys.executable, "-m", "streampack.cli", "trace", "--fixture", str(tmp_path / "x.json")],
         capture_output=True, text=True)
     assert run.returncode == 2
-    assert run.stderr.startswith("streampack: error: worked-example fixture not found")
+    assert run.stderr.startswith("streampack trace: error: worked-example fixture not found")
     assert "Traceback" not in run.stderr

@@ -13,15 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import time
 from typing import Any
 
 import numpy as np
 
-from streampack.client import BatchStream, ResumeError, StreamDigest
+from streampack.client import BatchStream, StreamDigest
+from streampack.errors import InvalidConfig, StreampackError
 from streampack.progress import Progress
-from streampack.settings import ConsumerSettings, add_flags, from_args
+from streampack.settings import (
+    ConsumerSettings,
+    add_flags,
+    check_output_path,
+    check_rank,
+    from_args,
+)
 
 
 def occurrence_ids(batch: Any) -> np.ndarray:
@@ -53,8 +61,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, ConsumerSettings)
 
 
+def read_cursor(path: str) -> Any:
+    """The JSON cursor ``--state-out`` wrote to ``path`` (checked by ``load_state_dict``)."""
+    accepted = 'expected a JSON cursor as --state-out writes, e.g. {"epoch": 0, "index": 0}'
+    try:
+        with open(path, "rb") as handle:
+            return json.load(handle)
+    except OSError as exc:
+        raise InvalidConfig(f"--state-in {path!r}: {exc.strerror}; {accepted}") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
+        raise InvalidConfig(f"--state-in {path!r} is not JSON ({exc}); {accepted}") from None
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: the old cursor survives a crash."""
+    partial = f"{path}.partial"
+    with open(partial, "w") as handle:
+        handle.write(text)
+    os.replace(partial, path)
+
+
 def main(args: argparse.Namespace) -> int:
     settings = from_args(ConsumerSettings, args)
+    # Everything the run will need at its end is checked before it drains the stream.
+    check_rank(args.rank, args.world_size)
+    cursor = read_cursor(args.state_in) if args.state_in else None
+    for flag, path in (("--state-out", args.state_out), ("--record", args.record),
+                       ("--save-batch", args.save_batch)):
+        if path:
+            check_output_path(flag, path)
     stopping = False
 
     def stop(signum: int, frame: Any) -> None:
@@ -75,14 +110,11 @@ def main(args: argparse.Namespace) -> int:
         max_message_bytes=settings.max_message_bytes,
         curve_server_key=settings.curve_server_key,
     ) as stream:
-        if args.state_in:
-            with open(args.state_in) as handle:
-                saved = json.load(handle)
+        if cursor is not None:
             try:
-                stream.load_state_dict(saved)
-            except ResumeError as exc:
-                raise SystemExit(f"streampack consume: --state-in {args.state_in}: {exc}") \
-                    from None
+                stream.load_state_dict(cursor)
+            except StreampackError as exc:
+                raise InvalidConfig(f"--state-in {args.state_in!r}: {exc}") from None
         # The clock starts once the stream is built (it loads its compiled expand kernel,
         # a one-off cost per process), at the first request: the rate is the stream's.
         started = time.perf_counter()
@@ -118,8 +150,7 @@ def main(args: argparse.Namespace) -> int:
         state = stream.state_dict()
     seconds = time.perf_counter() - started
     if args.state_out:
-        with open(args.state_out, "w") as handle:
-            json.dump(state, handle)
+        write_atomically(args.state_out, json.dumps(state))
     if args.save_batch and last is not None:
         from streampack.render import save_batch
 
