@@ -21,13 +21,19 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
 from streampack.service.producer import Producer, install_stop_handlers
 
-from streampack.errors import InvalidConfig
+from streampack.errors import InvalidConfig, StreampackError
 from streampack.logs import logging_args
-from streampack.settings import ProducerSettings, add_flags, from_args
+from streampack.settings import (
+    ProducerSettings,
+    WorkerSettings,
+    add_flags,
+    from_args,
+    read_curve_secret,
+)
 
 _PR_SET_PDEATHSIG = 1
 logger = logging.getLogger(__name__)
@@ -47,38 +53,78 @@ def local_endpoint(endpoint: str) -> str:
 
 
 class Supervisor:
-    """Starts, restarts and finally stops the worker processes."""
+    """Starts, restarts and finally stops the worker processes.
 
-    def __init__(self, count: int, endpoint: str, worker_args: list[str], *,
-                 grace: float = 5.0, slot_args: Any = None) -> None:
+    A worker that exits is started again, after a pause that doubles with each exit in
+    a row that came within ``healthy_after`` seconds of its start (from ``backoff[0]``
+    up to ``backoff[1]`` seconds): a worker that cannot start (a bad setting, a missing
+    library) is not restarted in a tight loop. After ``max_failures`` such exits in a
+    row the supervisor gives up: ``failure`` says why, every worker is stopped and
+    ``on_give_up`` is called (``serve`` stops the producer and exits non-zero).
+    """
+
+    def __init__(self, count: int, command: Callable[[int], list[str]], *, grace: float = 5.0,
+                 max_failures: int = 5, backoff: tuple[float, float] = (0.2, 10.0),
+                 healthy_after: float = 10.0, on_give_up: Callable[[], None] | None = None
+                 ) -> None:
         self.count = count
-        self.endpoint = endpoint
-        self.worker_args = worker_args
-        self.slot_args = slot_args or (lambda slot: [])  # arguments of one slot's worker
+        self.command = command
         self.grace = grace
+        self.max_failures = max_failures
+        self.backoff = backoff
+        self.healthy_after = healthy_after
+        self.on_give_up = on_give_up
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
+        self.started_at = [0.0] * count
+        self.failures = [0] * count  # exits in a row soon after starting, per slot
+        self.restart_at: list[float | None] = [None] * count
         self.restarts = 0
+        self.failure = ""  # why the supervisor gave up, when it did
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
 
     def _spawn(self, slot: int) -> None:
-        command = [sys.executable, "-m", "streampack.cli", "worker",
-                   "--connect", self.endpoint, *self.worker_args, *self.slot_args(slot)]
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        self.procs[slot] = subprocess.Popen(command, preexec_fn=preexec)
+        self.procs[slot] = subprocess.Popen(self.command(slot), preexec_fn=preexec)
+        self.started_at[slot] = time.monotonic()
+        self.restart_at[slot] = None
         logger.info("worker %d started as pid %d", slot, self.procs[slot].pid)
+
+    def _on_exit(self, slot: int, proc: subprocess.Popen[bytes]) -> None:
+        """Schedule the restart of the worker in ``slot``, or give up."""
+        now = time.monotonic()
+        early = now - self.started_at[slot] < self.healthy_after
+        self.failures[slot] = self.failures[slot] + 1 if early else 0
+        if self.failures[slot] >= self.max_failures:
+            self.failure = (
+                f"worker {slot} exited {self.failures[slot]} times in a row within "
+                f"{self.healthy_after:g}s of starting (last exit status {proc.returncode}); "
+                f"giving up: see the worker's error above"
+            )
+            return
+        delay = min(self.backoff[1], self.backoff[0] * 2 ** self.failures[slot])
+        self.restart_at[slot] = now + delay
+        self.restarts += 1
+        logger.warning("worker %d (pid %d) exited with %s; restarting in %.1fs", slot,
+                       proc.pid, proc.returncode, delay)
 
     def _loop(self) -> None:
         for slot in range(self.count):
             self._spawn(slot)
-        while not self._stop.wait(0.2):
+        while not self.failure and not self._stop.wait(0.05):
             for slot, proc in enumerate(self.procs):
-                if proc is not None and proc.poll() is not None:
-                    self.restarts += 1
-                    logger.warning("worker %d (pid %d) exited with %s; restarting", slot,
-                                   proc.pid, proc.returncode)
+                if proc is None or self.failure:
+                    continue
+                if self.restart_at[slot] is None and proc.poll() is not None:
+                    self._on_exit(slot, proc)
+                restart_at = self.restart_at[slot]
+                if restart_at is not None and time.monotonic() >= restart_at:
                     self._spawn(slot)
         self._terminate()
+        if self.failure:
+            logger.error("%s", self.failure)
+            if self.on_give_up is not None:
+                self.on_give_up()
 
     def _terminate(self) -> None:
         for proc in self.procs:
@@ -119,22 +165,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        settings = from_args(ProducerSettings, args)
-    except InvalidConfig as exc:
-        raise SystemExit(f"streampack serve: {exc}") from None
+    settings = from_args(ProducerSettings, args)
     if args.workers < 1:
-        raise SystemExit(f"streampack serve: --workers {args.workers}; at least 1 is needed")
+        raise InvalidConfig(f"--workers {args.workers}; at least 1 is needed")
     if settings.metrics_port and settings.metrics_port + args.workers > 65535:
-        raise SystemExit(f"streampack serve: metrics_port {settings.metrics_port}: local "
-                         f"workers serve theirs on the next {args.workers} ports, which must "
-                         f"be <= 65535")
+        raise InvalidConfig(f"metrics_port {settings.metrics_port}: local workers serve "
+                            f"theirs on the next {args.workers} ports, which must be <= 65535")
+    # The workers' own settings are checked here, once, not by workers that would fail
+    # to start over and over.
+    from_args(WorkerSettings, argparse.Namespace(config=args.config, audit_every=args.audit_every))
     # Workers log like serve does (format and level).
     worker_args: list[str] = logging_args(args) if hasattr(args, "log_format") else []
     if settings.curve_secret_key_file:
         import zmq
-
-        from streampack.settings import read_curve_secret
 
         public = zmq.curve_public(read_curve_secret(settings.curve_secret_key_file)).decode()
         worker_args += ["--curve-server-key", public]
@@ -142,10 +185,7 @@ def main(args: argparse.Namespace) -> int:
         worker_args += ["--config", os.path.abspath(args.config)]
     if args.audit_every is not None:
         worker_args += ["--audit-every", str(args.audit_every)]
-    try:
-        producer = Producer(settings)
-    except InvalidConfig as exc:
-        raise SystemExit(f"streampack serve: {exc}") from None
+    producer = Producer(settings)
     holder: dict[str, Supervisor] = {}
 
     def metrics_args(slot: int) -> list[str]:
@@ -162,8 +202,17 @@ def main(args: argparse.Namespace) -> int:
     local = f"ipc://{scratch.name}/workers.sock" if args.local_ipc else None
 
     def started(worker_endpoint: str, consumer_endpoint: str) -> None:
-        supervisor = Supervisor(args.workers, local or local_endpoint(worker_endpoint),
-                                worker_args, grace=args.grace, slot_args=metrics_args)
+        def command(slot: int) -> list[str]:
+            flags = ["--connect", local or local_endpoint(worker_endpoint), *worker_args,
+                     *metrics_args(slot)]
+            # Each flag goes as --flag=value, so that a value beginning with "-" (a Z85
+            # key may) is not taken for an option.
+            return [sys.executable, "-m", "streampack.cli", "worker"] + [
+                f"{flag}={value}" for flag, value in zip(flags[::2], flags[1::2])
+            ]
+
+        supervisor = Supervisor(args.workers, command, grace=args.grace,
+                                on_give_up=producer.stop)
         holder["supervisor"] = supervisor
         supervisor.start()
 
@@ -174,6 +223,8 @@ def main(args: argparse.Namespace) -> int:
         if "supervisor" in holder:
             holder["supervisor"].stop()
         scratch.cleanup()
+    if "supervisor" in holder and holder["supervisor"].failure:
+        raise StreampackError(holder["supervisor"].failure)
     stats = producer.snapshot()
     stats["worker_restarts"] = holder["supervisor"].restarts if "supervisor" in holder else 0
     print(json.dumps({"producer": stats}), flush=True)
