@@ -80,7 +80,7 @@ CASES = [
      ["consume", "--connect", NOWHERE, "--rank", "0", "--world-size", "2",
       "--state-in", "{tmp}/odd.json"],
      r"streampack consume: error: --state-in '.*/odd\.json': state \{'epoch': 0, 'index': 1\} "
-     r"is not a cursor of rank 0 of 2: expected epoch >= 0 and index = 0 mod 2"),
+     r"is not a cursor of rank 0 of 2: expected ints epoch >= 0, .*"),
     ("consume-state-out-in-missing-directory",
      ["consume", "--connect", NOWHERE, "--state-out", "{tmp}/missing/state.json"],
      r"streampack consume: error: --state-out = '.*/missing/state\.json': directory "
@@ -211,8 +211,9 @@ def _free_port() -> int:
 
 
 def test_the_top_level_handler_keeps_tracebacks_for_bugs(monkeypatch, capsys):
+    from streampack.service import digest
+
     from streampack import cli
-    from workers import digest
 
     def broken(args):
         raise InternalError("an invariant broke")
@@ -230,11 +231,12 @@ def test_the_top_level_handler_keeps_tracebacks_for_bugs(monkeypatch, capsys):
 
 
 def test_supervisor_backs_off_then_gives_up_on_a_worker_that_cannot_start():
-    from workers.serve import Supervisor
+    from streampack.service.serve import Supervisor
 
     gave_up = threading.Event()
-    supervisor = Supervisor(1, [sys.executable, "-c", "raise SystemExit(3)"], grace=1.0,
-                            max_failures=4, backoff=(0.05, 0.2), on_give_up=gave_up.set)
+    supervisor = Supervisor(1, lambda slot: [sys.executable, "-c", "raise SystemExit(3)"],
+                            grace=1.0, max_failures=4, backoff=(0.05, 0.2),
+                            on_give_up=gave_up.set)
     started = time.monotonic()
     supervisor.start()
     assert gave_up.wait(30.0)
@@ -249,9 +251,9 @@ def test_supervisor_backs_off_then_gives_up_on_a_worker_that_cannot_start():
 
 
 def test_supervisor_keeps_a_worker_that_runs():
-    from workers.serve import Supervisor
+    from streampack.service.serve import Supervisor
 
-    supervisor = Supervisor(2, [sys.executable, "-c", "import time; time.sleep(60)"],
+    supervisor = Supervisor(2, lambda slot: [sys.executable, "-c", "import time; time.sleep(60)"],
                             grace=1.0)
     supervisor.start()
     time.sleep(0.5)
