@@ -93,7 +93,7 @@ CASES = [
       for name, extra in [("digest", ["--corpus", "{fixture}"]),
                           ("consume", ["--connect", NOWHERE])]],
     ("digest-missing-corpus", ["digest", "--corpus", "/nonexistent/corpus"],
-     r"streampack digest: error: cannot read corpus manifest '/nonexistent/corpus': .*; "
+     r"streampack digest: error: .*corpus manifest '/nonexistent/corpus'.*; "
      r"give a manifest JSON file or a directory holding manifest\.json"),
     *[(f"{name}-secret-key-not-z85",
        [name, "--corpus", "{fixture}", "--curve-secret-key-file", "{tmp}/bad.key"],
