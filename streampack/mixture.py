@@ -41,6 +41,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -164,3 +165,165 @@ def epoch_order(
             in_cycle = cycle == c
             document[mine[in_cycle]] = permutation(size, seed, epoch, k, c)[within[in_cycle]]
     return source, document
+
+
+# --- long documents -------------------------------------------------------------------
+
+LONG_DOCUMENTS = ("quarantine", "split")
+
+
+def split_ranges(start: np.ndarray, stop: np.ndarray, limit: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Cut each range ``[start[i], stop[i])`` into consecutive ranges of at most ``limit``
+    tokens (``capacity + 1``: one row's worth of pairs)::
+
+        document   t0 t1 t2 t3 t4 t5 t6 t7 t8 t9      limit = 4
+        ranges     [t0 t1 t2 t3] [t4 t5 t6 t7] [t8 t9]
+        pairs      t0>t1 t1>t2 t2>t3 | t4>t5 ... | t8>t9     lost: t3>t4 and t7>t8
+
+    Each range is its own example: its pairs stay inside it (rule C1), so the one pair
+    across each cut is not formed. A last range of a single token holds no pair and is
+    not formed either (it would break C1); its cut still costs that one pair.
+
+    Returns ``(owner, piece_start, piece_stop, pairs_cut)``: per range formed, the index
+    of the range it came from and its bounds, in order; per input range, the pairs
+    lost, ``(stop - start - 1) - sum(piece pairs)``.
+    """
+    if limit < 2:
+        raise InvalidConfig(f"split limit {limit}: a range needs at least 2 tokens")
+    start = np.asarray(start, np.int64)
+    span = np.asarray(stop, np.int64) - start
+    pieces = np.maximum(-(-span // limit), 0)
+    owner = np.repeat(np.arange(len(span), dtype=np.int64), pieces)
+    first_piece = np.cumsum(pieces) - pieces
+    j = np.arange(int(pieces.sum()), dtype=np.int64) - first_piece[owner]
+    piece_start = start[owner] + j * limit
+    piece_stop = np.minimum(piece_start + limit, start[owner] + span[owner])
+    formed = piece_stop - piece_start >= 2
+    owner, piece_start, piece_stop = owner[formed], piece_start[formed], piece_stop[formed]
+    kept_pairs = np.bincount(owner, weights=piece_stop - piece_start - 1,
+                             minlength=len(span)).astype(np.int64)
+    pairs_cut = np.maximum(span - 1, 0) - kept_pairs
+    return owner, piece_start, piece_stop, pairs_cut
+
+
+def long_documents_policy(entry: dict[str, Any], where: str) -> str:
+    """A source entry's ``long_documents`` (default ``quarantine``), checked."""
+    policy = entry.get("long_documents", "quarantine")
+    if policy not in LONG_DOCUMENTS:
+        raise InvalidConfig(f"{where}: long_documents {policy!r}; expected one of "
+                            f"{', '.join(LONG_DOCUMENTS)}")
+    return str(policy)
+
+
+# --- the mixture reader -----------------------------------------------------------------
+
+
+class MixtureReader:
+    """Several random-access sources as one: document ``first[k] + i`` is document ``i``
+    of source ``k`` (its source id), and each epoch visits them in the mixture's order
+    (``epoch_order``) instead of corpus order or one permutation."""
+
+    random_access = True
+
+    def __init__(self, readers: Sequence[Any], weights: Sequence[float | int], *,
+                 stopping: str, long_documents: Sequence[str], binding: Any, where: str) -> None:
+        for k, reader in enumerate(readers):
+            if not reader.random_access:
+                raise InvalidConfig(
+                    f"{where}: source {k} is read sequentially (JSON Lines or Parquet); a "
+                    f"mixture needs random access (token shards, Arrow, Megatron): convert "
+                    f"it, e.g. with `streampack corpus build`"
+                )
+            if reader.num_documents == 0:
+                raise InvalidConfig(f"{where}: source {k} holds no documents")
+        if stopping not in STOPPING:
+            raise InvalidConfig(f"{where}: stopping {stopping!r}; expected one of "
+                                f"{', '.join(STOPPING)}")
+        self.readers = list(readers)
+        self.schedule = Schedule.of(weights)
+        self.stopping = stopping
+        self.long_documents = tuple(long_documents)
+        self.binding = binding
+        self.sizes = [int(r.num_documents) for r in readers]
+        self._first = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.num_documents = int(self._first[-1])
+        self._split = np.array([p == "split" for p in self.long_documents], bool)
+
+    def source_index(self, ids: np.ndarray) -> np.ndarray:
+        """int32: the source of each document id."""
+        return (np.searchsorted(self._first, ids, side="right") - 1).astype(np.int32)
+
+    def splits(self, ids: np.ndarray) -> np.ndarray:
+        """bool: whether each document's source splits long documents."""
+        return self._split[self.source_index(ids)]
+
+    def epoch_order(self, epoch: int, shuffle: bool, seed: int) -> np.ndarray:
+        """The document ids an epoch visits, in order (see module doc)."""
+        source, document = epoch_order(self.schedule, self.sizes, self.stopping,
+                                       shuffle=shuffle, seed=seed, epoch=epoch)
+        return self._first[source] + document
+
+    def lengths(self, ids: np.ndarray) -> np.ndarray:
+        out = np.empty(len(ids), np.int64)
+        source = self.source_index(ids)
+        for k in np.unique(source).tolist():
+            mine = source == k
+            out[mine] = self.readers[k].lengths(ids[mine] - self._first[k])
+        return out
+
+    def location(self, source_id: int) -> str:
+        k = int(self.source_index(np.array([source_id]))[0])
+        return f"source {k}: {self.readers[k].location(source_id - int(self._first[k]))}"
+
+    def gather(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of documents ``ids`` concatenated in that order (each source gathers
+        its own, in its dtype; int64 when some source's are), and dtype flags."""
+        source = self.source_index(ids)
+        parts = {}
+        for k in np.unique(source).tolist():
+            mine = np.flatnonzero(source == k)
+            parts[k] = (mine, *self.readers[k].gather(ids[mine] - self._first[k],
+                                                       lengths[mine]))
+        wide = any(np.dtype(tokens.dtype).itemsize > 4 or tokens.dtype == np.uint32
+                   for _, tokens, _ in parts.values())
+        tokens_out = np.empty(int(lengths.sum()), np.int64 if wide else np.int32)
+        dtype_ok = np.ones(len(ids), bool)
+        out_starts = np.cumsum(lengths) - lengths
+        for mine, tokens, ok in parts.values():
+            lens = lengths[mine]
+            before = np.cumsum(lens) - lens
+            destination = np.repeat(out_starts[mine] - before, lens) + np.arange(int(lens.sum()))
+            tokens_out[destination] = tokens
+            dtype_ok[mine] = ok
+        return tokens_out, dtype_ok
+
+
+def open_mixture(root: Any, data: dict[str, Any], binding: Any, where: str, *,
+                 allow_outside: bool = False) -> MixtureReader:
+    """The mixture a manifest's ``sources`` list describes (see docs/service.md)::
+
+        "sources": [{"weight": 3, "shards": ["web-000"]},
+                    {"weight": 1, "shards": ["code-000"], "long_documents": "split"}],
+        "stopping": "first_exhausted"
+    """
+    from streampack.corpus.manifest import open_source
+
+    entries = data["sources"]
+    if not isinstance(entries, list) or not entries or not all(
+            isinstance(e, dict) for e in entries):
+        raise InvalidConfig(f"{where}: 'sources' must be a non-empty list of source objects, "
+                            f"got {entries!r}")
+    if "long_documents" in data:
+        raise InvalidConfig(f"{where}: give long_documents per source in a mixture")
+    readers, weights, policies = [], [], []
+    for k, entry in enumerate(entries):
+        here = f"{where} source {k}"
+        if "weight" not in entry:
+            raise InvalidConfig(f"{here}: no weight; every source of a mixture needs one")
+        weights.append(entry["weight"])
+        policies.append(long_documents_policy(entry, here))
+        readers.append(open_source(root, entry, binding, here, allow_outside=allow_outside))
+    integer_weights(weights)  # the weights' own errors first, naming the source
+    return MixtureReader(readers, weights, stopping=data.get("stopping", "first_exhausted"),
+                         long_documents=policies, binding=binding, where=where)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from streampack.corpus.reader import RandomAccessReader, Reader, Record, SequentialReader
+from streampack.mixture import MixtureReader, split_ranges
 from streampack.wire import token_dtype
 
 REASONS = (
@@ -62,6 +63,14 @@ class Window:
     source_id: np.ndarray  # int64: corpus position of each surviving document
     example_id: np.ndarray  # int64
     quarantined: list[dict[str, Any]]
+    # int32 per surviving document: its source in a mixture (0 for a corpus of one source)
+    source_index: np.ndarray = None  # type: ignore[assignment]
+    documents_split: int = 0  # long documents cut into ranges (long_documents = "split")
+    pairs_cut: int = 0  # prediction pairs those cuts did not form
+
+    def __post_init__(self) -> None:
+        if self.source_index is None:
+            self.source_index = np.zeros(len(self.start), np.int32)
 
     @functools.cached_property
     def whole_documents(self) -> bool:
@@ -179,8 +188,11 @@ def iter_windows(
 def _random_access_windows(
     source: RandomAccessReader, epoch: int, spec: CutSpec, start_window: int
 ) -> Iterator[Window]:
-    n = source.num_documents
-    order = permutation(n, spec.seed, epoch) if spec.shuffle else None
+    if isinstance(source, MixtureReader):
+        order: np.ndarray | None = source.epoch_order(epoch, spec.shuffle, spec.seed)
+    else:
+        order = permutation(source.num_documents, spec.seed, epoch) if spec.shuffle else None
+    n = source.num_documents if order is None else len(order)
     position = 0
     index = 0
     k = 192
@@ -208,6 +220,7 @@ def _random_access_windows(
                 premarked=[(i, "wrong_dtype", "stored tokens are not of an accepted integer dtype")
                            for i in np.flatnonzero(~dtype_ok).tolist()],
                 locate=source.location,
+                **_mixture_fields(source, ids),
             )
         index += 1
 
@@ -263,6 +276,7 @@ def _sequential_windows(
             premarked=[(i, r.reason, r.detail) for i, r in enumerate(held)
                        if r.reason is not None],
             locate=by_id.__getitem__,
+            split=getattr(source, "long_documents", "quarantine") == "split",
         )
 
     for record in records:
@@ -287,6 +301,13 @@ def _sequential_windows(
             yield window
 
 
+def _mixture_fields(source: RandomAccessReader, ids: np.ndarray) -> dict[str, Any]:
+    """The per-document source index and long-document policy ``_screen`` takes."""
+    if isinstance(source, MixtureReader):
+        return {"source_index": source.source_index(ids), "split": source.splits(ids)}
+    return {"split": getattr(source, "long_documents", "quarantine") == "split"}
+
+
 def _screen(
     epoch: int,
     index: int,
@@ -301,6 +322,8 @@ def _screen(
     example_ids: np.ndarray,
     premarked: list[tuple[int, str, str]],
     locate: Any,
+    split: bool | np.ndarray = False,
+    source_index: np.ndarray | None = None,
 ) -> Window:
     """Quarantine the bad documents of one window, vectorized; keep the rest in order.
 
@@ -309,7 +332,7 @@ def _screen(
     per-document reasons are worked out only when something is bad."""
     span = stops - starts
     too_short = span < 2
-    too_long = span > capacity + 1
+    too_long = (span > capacity + 1) & ~np.asarray(split)  # the others are cut (below)
     # Vocabulary: per-document min and max only when the window as a whole has a token
     # outside the vocabulary.
     out_of_vocabulary = None
@@ -355,8 +378,16 @@ def _screen(
         tokens = tokens[np.repeat(keep, lengths)]
         starts, stops = starts[keep], stops[keep]
         source_ids, example_ids = source_ids[keep], example_ids[keep]
+        if source_index is not None:
+            source_index = source_index[keep]
     else:
         kept_lengths = lengths
+    documents_split = pairs_cut = 0
+    if len(starts) and int((stops - starts).max()) > capacity + 1:
+        (tokens, kept_lengths, starts, stops, source_ids, example_ids, source_index,
+         documents_split, pairs_cut) = _split_long(
+            tokens, kept_lengths, starts, stops, source_ids, example_ids, source_index,
+            capacity + 1)
     offsets = np.zeros(len(kept_lengths) + 1, np.int64)
     np.cumsum(kept_lengths, out=offsets[1:])
     return Window(
@@ -372,4 +403,40 @@ def _screen(
         source_id=source_ids.astype(np.int64, copy=False),
         example_id=example_ids.astype(np.int64, copy=False),
         quarantined=quarantined,
+        source_index=source_index,
+        documents_split=documents_split,
+        pairs_cut=pairs_cut,
     )
+
+
+def _split_long(
+    tokens: np.ndarray, lengths: np.ndarray, starts: np.ndarray, stops: np.ndarray,
+    source_ids: np.ndarray, example_ids: np.ndarray, source_index: np.ndarray | None,
+    limit: int,
+) -> tuple[Any, ...]:
+    """Replace each document whose range exceeds ``limit`` tokens by its ranges
+    (``mixture.split_ranges``), each one a document of its own (selected whole, same
+    source and example ids), in place and in order. The window's tokens keep only what
+    some range selects. Returns the new columns, the documents split and pairs cut."""
+    long = np.flatnonzero(stops - starts > limit)
+    owner, piece_start, piece_stop, cut = split_ranges(starts[long], stops[long], limit)
+    doc_starts = np.cumsum(lengths) - lengths
+    # Per new document: (source document, its token start in the window, length, start).
+    pieces_of = np.bincount(owner, minlength=len(long))
+    count = np.ones(len(lengths), np.int64)
+    count[long] = pieces_of
+    source_doc = np.repeat(np.arange(len(lengths)), count)
+    is_piece = np.repeat(np.isin(np.arange(len(lengths)), long), count)
+    first = doc_starts[source_doc].copy()
+    length = lengths[source_doc].copy()
+    first[is_piece] += piece_start
+    length[is_piece] = piece_stop - piece_start
+    new_starts = starts[source_doc].copy()
+    new_stops = stops[source_doc].copy()
+    new_starts[is_piece] = 0
+    new_stops[is_piece] = length[is_piece]
+    gather = np.repeat(first - (np.cumsum(length) - length), length) + np.arange(int(length.sum()))
+    return (tokens[gather], length, new_starts, new_stops, source_ids[source_doc],
+            example_ids[source_doc],
+            None if source_index is None else source_index[source_doc],
+            len(long), int(cut.sum()))

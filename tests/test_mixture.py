@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streampack.errors import InvalidConfig
-from streampack.mixture import Schedule, epoch_order, integer_weights, permutation
+from streampack.mixture import Schedule, epoch_order, integer_weights, permutation, split_ranges
 
 
 def reference_picks(weights, steps):
@@ -140,3 +140,27 @@ def test_orders_depend_on_seed_and_epoch_only():
     c = epoch_order(schedule, [10, 10], "first_exhausted", shuffle=True, seed=5, epoch=2)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not np.array_equal(a[1], c[1])
+
+
+@pytest.mark.parametrize(("start", "stop", "limit", "pieces", "cut"), [
+    ([0], [10], 4, [(0, 0, 4), (0, 4, 8), (0, 8, 10)], [2]),  # the docstring's picture
+    ([0], [9], 4, [(0, 0, 4), (0, 4, 8)], [2]),  # a last single token: no range, one pair
+    ([0], [12], 4, [(0, 0, 4), (0, 4, 8), (0, 8, 12)], [2]),  # exact: two cuts
+    ([0, 3], [4, 11], 4, [(0, 0, 4), (1, 3, 7), (1, 7, 11)], [0, 1]),
+    ([2], [2], 4, [], [0]),
+])
+def test_split_ranges_cuts_consecutive_ranges_of_at_most_limit(start, stop, limit, pieces, cut):
+    owner, lo, hi, pairs_cut = split_ranges(np.array(start), np.array(stop), limit)
+    assert list(zip(owner.tolist(), lo.tolist(), hi.tolist())) == pieces
+    assert pairs_cut.tolist() == cut
+
+
+@settings(max_examples=100, deadline=None)
+@given(span=st.integers(0, 60), start=st.integers(0, 5), limit=st.integers(2, 9))
+def test_split_keeps_every_pair_but_one_per_cut(span, start, limit):
+    owner, lo, hi, pairs_cut = split_ranges(np.array([start]), np.array([start + span]), limit)
+    kept = {(t, t + 1) for a, b in zip(lo.tolist(), hi.tolist()) for t in range(a, b - 1)}
+    every = {(t, t + 1) for t in range(start, start + span - 1)}
+    assert kept <= every and np.all(hi - lo <= limit) and np.all(hi - lo >= 2)
+    assert len(every - kept) == pairs_cut[0] == max(0, -(-span // limit) - 1)
+    assert np.all(lo[1:] == hi[:-1])  # consecutive

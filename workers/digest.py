@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -37,7 +38,10 @@ def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterat
     for window in iter_windows(source, epoch, CutSpec.from_settings(settings)):
         if len(window.start) == 0:
             continue
-        yield from pack_examples(window_examples(window.arrays()), binding, config).batches
+        for batch in pack_examples(window_examples(window.arrays()), binding, config).batches:
+            # Each occurrence's source in a mixture, as the producer attaches it.
+            yield dataclasses.replace(
+                batch, sources=window.source_index[batch.occurrences["ordinal"]])
 
 
 def rank_stream(

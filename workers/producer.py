@@ -459,7 +459,8 @@ class Producer:
                              f"{self.settings.max_rows_per_batch}")
             batch = CompactBatch(tokens=window.selected_tokens(first, last),
                                  occurrences=occurrences[first:last], rows=rows,
-                                 capacity=f["capacity"], binding=self.binding)
+                                 capacity=f["capacity"], binding=self.binding,
+                                 sources=window.source_index[first:last])
             try:
                 batches.append(batch.checked(max_cells=rows * f["capacity"]))
             except InvalidArray as exc:

@@ -169,7 +169,13 @@ def open_corpus(path: str | Path, *, allow_outside: bool = False) -> Reader:
 
     ``allow_outside`` lets file names in the manifest be absolute or lead outside the
     manifest's directory (the ``corpus_allow_outside`` setting)."""
+    from streampack.mixture import long_documents_policy, open_mixture
+
     root, data = read_manifest(Path(path))
     where = f"corpus {str(path)!r}"
-    return open_source(root, data, binding_spec(data, where), where,
-                       allow_outside=allow_outside)
+    binding = binding_spec(data, where)
+    if "sources" in data:  # a weighted mixture of several sources (streampack.mixture)
+        return open_mixture(root, data, binding, where, allow_outside=allow_outside)
+    reader = open_source(root, data, binding, where, allow_outside=allow_outside)
+    reader.long_documents = long_documents_policy(data, where)  # type: ignore[union-attr]
+    return reader

@@ -1,0 +1,137 @@
+"""Mixtures and long documents through the window cut and the real service.
+
+The corpora are written here, as token shards: source A's tokens lie in [2, 200) and
+B's in [200, 400), so a token tells which source it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from _service import Service, consume, expected, result
+
+from streampack.client import BatchStream
+from streampack.corpus import open_corpus
+from streampack.errors import InvalidConfig
+from streampack.mixture import Schedule
+from streampack.windows import CutSpec, iter_windows
+
+BINDING = {"vocab_size": 512, "tokenizer": "test", "split_receipt": "mix", "partition": "train"}
+SHAPE = {"capacity": 64, "max_rows_per_batch": 4, "window_documents": 8,
+         "window_tokens": 300}
+MIXED = {"shuffle": True, "seed": 7, "epochs": 1}
+
+
+def write_shard(root, name, documents):
+    tokens = np.concatenate(documents).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in documents])]).astype(np.int64)
+    np.save(root / f"{name}.tokens.npy", tokens)
+    np.save(root / f"{name}.offsets.npy", offsets)
+
+
+def documents(rng, count, low_token, lengths):
+    return [rng.integers(low_token, low_token + 198, size=int(n)) for n in
+            rng.integers(lengths[0], lengths[1], size=count)]
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory):
+    """A 3:1 mixture of A (30 documents) and B (20): {path, a, b} (the documents)."""
+    root = tmp_path_factory.mktemp("mixture")
+    rng = np.random.default_rng(0)
+    a, b = documents(rng, 30, 2, (5, 60)), documents(rng, 20, 200, (5, 60))
+    write_shard(root, "a", a)
+    write_shard(root, "b", b)
+    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
+                "sources": [{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}],
+                "stopping": "first_exhausted"}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return {"path": root, "a": a, "b": b}
+
+
+def visited(path, **settings):
+    """(source index, source id) of every document the epoch's windows hold, in order."""
+    spec = CutSpec(**{k: v for k, v in SHAPE.items() if k != "max_rows_per_batch"},
+                   shuffle=settings.get("shuffle", False), seed=settings.get("seed", 0))
+    reader = open_corpus(path)
+    out = []
+    for window in iter_windows(reader, 0, spec):
+        out += list(zip(window.source_index.tolist(), window.source_id.tolist()))
+    return reader, out
+
+
+def test_a_3_to_1_mixture_visits_exactly_the_schedule(mixture):
+    """Window after window, the documents are the round-robin's picks A A B A ..., each
+    source in its own seeded order; A runs out first, after 30 of A and 10 of B."""
+    reader, got = visited(mixture["path"], **MIXED)
+    picks, _ = Schedule.of([3, 1]).picks(0, 40)
+    assert [s for s, _ in got] == picks.tolist()
+    assert np.bincount([s for s, _ in got]).tolist() == [30, 10]
+    ids = np.array([i for _, i in got])
+    assert ids.tolist() == reader.epoch_order(0, True, 7).tolist()
+    assert sorted(ids[ids < 30].tolist()) == list(range(30))  # all of A, once
+    assert len(set(ids[ids >= 30].tolist())) == 10  # ten of B, no repeat
+    assert [s for s, i in got] == [int(i >= 30) for _, i in got]
+
+
+def drain(endpoint, out):
+    with BatchStream(endpoint, rank=0, world_size=1, timeout=120) as stream:
+        out.extend((stream.current, batch) for batch in stream)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_mixture_streams_the_same_for_any_number_of_workers(mixture, workers):
+    """The digest is the in-process one for 1 and 3 workers; every batch labels each
+    occurrence with its source, which a recount from the tokens confirms."""
+    want = expected(mixture["path"], 0, 1, **SHAPE, **MIXED)
+    with Service(mixture["path"], serve_workers=workers, **MIXED, **SHAPE) as service:
+        line = result(consume(service.consumer_endpoint, 0, 1))
+        received = []
+        thread = threading.Thread(target=drain, args=(service.consumer_endpoint, received))
+        thread.start()
+        thread.join(timeout=120)
+        stats = service.stats()
+    assert (line["digest"], line["batches"]) == (want["digest"], want["batches"])
+    served = np.zeros(2, np.int64)
+    tokens = np.zeros(2, np.int64)
+    for _, batch in received:
+        occ = batch.occurrences
+        assert batch.sources.tolist() == (occ["source_id"] >= 30).astype(int).tolist()
+        cells = batch.cell_sources()
+        real = batch.input_valid
+        assert np.array_equal(cells[real] == 1, batch.inputs[real] >= 200)  # B's tokens
+        served += np.bincount(batch.sources, minlength=2)
+        tokens += np.bincount(batch.sources, weights=occ["stop"] - occ["start"],
+                              minlength=2).astype(np.int64)
+    assert served.tolist() == [30, 10]
+    everything = mixture["a"] + mixture["b"]
+    pairs = np.zeros(2, np.int64)
+    for source, i in visited(mixture["path"], **MIXED)[1]:
+        pairs[source] += len(everything[i]) - 1
+    assert tokens.tolist() == pairs.tolist()
+    assert stats["batches_served"] >= line["batches"]
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"sources": []}, "'sources' must be a non-empty list"),
+    ({"sources": [{"shards": ["a"]}]}, "source 0: no weight"),
+    ({"sources": [{"weight": 0, "shards": ["a"]}]}, "source 0: weight 0 must be a positive"),
+    ({"stopping": "longest"}, "stopping 'longest'; expected one of first_exhausted"),
+    ({"sources": [{"weight": 1, "shards": ["a"], "long_documents": "truncate"}]},
+     "source 0: long_documents 'truncate'; expected one of quarantine, split"),
+    ({"sources": [{"weight": 1, "shards": ["missing"]}]}, "missing"),
+])
+def test_a_bad_mixture_manifest_is_refused_naming_the_source(mixture, tmp_path, change, match):
+    manifest = json.loads((mixture["path"] / "manifest.json").read_text()) | change
+    path = tmp_path / "manifest.json"
+    for name in ("a", "b"):
+        for suffix in (".tokens.npy", ".offsets.npy"):
+            (tmp_path / f"{name}{suffix}").write_bytes(
+                (mixture["path"] / f"{name}{suffix}").read_bytes())
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(InvalidConfig, match=match):
+        open_corpus(path)
