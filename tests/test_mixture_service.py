@@ -135,3 +135,57 @@ def test_a_bad_mixture_manifest_is_refused_naming_the_source(mixture, tmp_path, 
     path.write_text(json.dumps(manifest))
     with pytest.raises(InvalidConfig, match=match):
         open_corpus(path)
+
+
+@pytest.fixture(scope="module")
+def long_corpus(tmp_path_factory):
+    """Documents of 3 x capacity (64) tokens between short ones, long_documents = split."""
+    root = tmp_path_factory.mktemp("long")
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(2, 500, size=n) for n in [10, 192, 30, 192, 65, 66, 192, 12]]
+    write_shard(root, "docs", docs)
+    (root / "manifest.json").write_text(json.dumps({
+        "format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": ["docs"],
+        "long_documents": "split"}))
+    return {"path": root, "docs": docs}
+
+
+def pairs_of(tokens, cuts=()):
+    """Every (position, input, target) of a document, but those across ``cuts``."""
+    return {(i, int(tokens[i]), int(tokens[i + 1])) for i in range(len(tokens) - 1)
+            if i + 1 not in cuts}
+
+
+def test_long_documents_are_split_into_ranges_of_capacity_plus_one(long_corpus):
+    """192 tokens at capacity 64: ranges [0, 65), [65, 130), [130, 192); the pairs
+    across 65 and 130 are the two the cuts cost. 66 tokens: [0, 65) and a lone token
+    that forms no range: one pair. 65 tokens fit whole."""
+    spec = CutSpec(capacity=64, window_documents=8, window_tokens=10_000)
+    (window,) = iter_windows(open_corpus(long_corpus["path"]), 0, spec)
+    assert window.quarantined == []
+    assert (window.documents_split, window.pairs_cut) == (4, 2 + 2 + 1 + 2)
+    lengths = np.diff(window.offsets)
+    assert window.source_id.tolist() == [0, 1, 1, 1, 2, 3, 3, 3, 4, 5, 6, 6, 6, 7]
+    assert lengths.tolist() == [10, 65, 65, 62, 30, 65, 65, 62, 65, 65, 65, 65, 62, 12]
+    assert window.start.tolist() == [0] * 14 and window.stop.tolist() == lengths.tolist()
+    got: dict[int, set] = {}
+    for d, source in enumerate(window.source_id.tolist()):
+        at = sum(lengths[i] for i in range(d) if window.source_id[i] == source)
+        piece = window.tokens[window.offsets[d]:window.offsets[d + 1]]
+        got.setdefault(source, set()).update(
+            (at + i, int(piece[i]), int(piece[i + 1])) for i in range(len(piece) - 1))
+    cuts = {192: (65, 130), 66: (65,)}
+    for source, tokens in enumerate(long_corpus["docs"]):
+        assert got[source] == pairs_of(tokens, cuts.get(len(tokens), ()))
+
+
+def test_long_documents_are_quarantined_unless_split(long_corpus, tmp_path):
+    manifest = json.loads((long_corpus["path"] / "manifest.json").read_text())
+    del manifest["long_documents"]
+    path = long_corpus["path"] / "quarantine.json"
+    path.write_text(json.dumps(manifest))
+    spec = CutSpec(capacity=64, window_documents=8, window_tokens=10_000)
+    (window,) = iter_windows(open_corpus(path), 0, spec)
+    assert [q["source_id"] for q in window.quarantined] == [1, 3, 5, 6]
+    assert {q["reason"] for q in window.quarantined} == {"too_long"}
+    assert (window.documents_split, window.pairs_cut) == (0, 0)
