@@ -113,12 +113,15 @@ class CuSeqlens(NamedTuple):
     Occurrence ``i`` holds real cells ``[cu_seqlens_padded[i], cu_seqlens_padded[i] +
     lengths[i])``; the padding after it, up to ``cu_seqlens_padded[i + 1]``, is a gap.
     ``cu_seqlens`` is the running sum of real lengths, for kernels that take unpadded
-    (gathered) tokens.
+    (gathered) tokens. ``max_seqlen`` is the longest real length; ``max_seqlen_padded``
+    the longest padded span (an occurrence with the padding after it), the bound a
+    kernel over the padded layout needs: it is at least ``max_seqlen``.
     """
 
     cu_seqlens: np.ndarray
     cu_seqlens_padded: np.ndarray
     max_seqlen: int
+    max_seqlen_padded: int
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -241,7 +244,9 @@ class PackedBatch:
                 f"batch of {cells} cells does not fit int32 cu_seqlens; accepted: <= 2**31-1 cells"
             )
         max_seqlen = int(lengths.max()) if lengths.size else 0
-        return CuSeqlens(cu.astype(np.int32), padded.astype(np.int32), max_seqlen)
+        max_seqlen_padded = int(np.diff(padded).max()) if lengths.size else 0
+        return CuSeqlens(cu.astype(np.int32), padded.astype(np.int32), max_seqlen,
+                         max_seqlen_padded)
 
     def stats(self) -> dict[str, Any]:
         """Storage and attention counts. Per head: dense scores ``rows * capacity**2``,
@@ -284,6 +289,61 @@ class PackedBatch:
             array = getattr(self, name)
             h.update(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).data)
         return h.hexdigest()
+
+    def to_hf(
+        self, layout: str = "rows", *, pad_id: int, mask: str | None = None,
+        mask_dtype: Any = None, device: Any = None,
+    ) -> dict[str, Any]:
+        """Keyword arguments for a transformers causal LM: ``model(**batch.to_hf(...))``.
+
+        Args:
+            layout: ``"rows"`` keeps the ``[rows, capacity]`` shape (padding cells get
+                ``pad_id``, position 0 and label -100); ``"flat"`` is ``[1, real cells]``
+                with ``cu_seq_lens_q/k`` (int32), ``max_length_q/k`` (ints) and
+                ``seq_idx`` (int32), for FlashAttention-style kernels that read them.
+            pad_id: the token id written in padding cells (never attended to or scored;
+                any id the embedding holds).
+            mask: ``None`` (default: transformers separates documents by
+                ``position_ids``), ``"bool"`` (explicit 4-D mask for sdpa) or
+                ``"additive"`` (explicit 4-D float mask for eager, of ``mask_dtype``,
+                default float32), ``rows`` layout only. A 2-D padding mask
+                (``"padding"``) is refused: it disables transformers' packed-sequence
+                detection.
+            device: where to put the tensors (default: CPU, zero-copy where possible).
+
+        Returns ``input_ids``, ``position_ids`` (int64), ``shift_labels`` (int64, the
+        targets, -100 outside ``loss_mask``), ``labels`` (the same tensor: transformers
+        computes a loss only when ``labels`` is given, and reads ``shift_labels`` instead
+        when both are), ``use_cache=False`` (a cache also disables the detection), and
+        the layout's extras. Why each choice: ``streampack.exports``. Needs the ``hf``
+        extra (PyTorch).
+        """
+        from .exports import hf_arguments
+
+        return hf_arguments(self, layout, pad_id, mask, mask_dtype, device)
+
+    def to_megatron(self, device: Any = None) -> dict[str, Any]:
+        """Megatron-Core's THD parameters: ``PackedSeqParams(**batch.to_megatron())``.
+
+        The batch is one THD sequence of ``rows * capacity`` tokens (the arrays
+        flattened row-major: ``batch.inputs.reshape(1, -1)`` and friends), padding
+        kept in place. Fields:
+
+        - ``qkv_format``: ``"thd"`` (tokens, heads, head dim: no batch dimension).
+        - ``cu_seqlens_q``, ``cu_seqlens_kv``: int32 ``[occurrences + 1]``, running sum
+          of the occurrences' real lengths (the same tensor twice: self-attention).
+        - ``cu_seqlens_q_padded``, ``cu_seqlens_kv_padded``: int32 ``[occurrences + 1]``,
+          where each occurrence starts in the flattened buffer; the last entry is
+          ``rows * capacity``. Occurrence ``i`` owns ``[padded[i], padded[i+1])``: its
+          real cells, then the padding up to the next occurrence (a row's tail).
+        - ``max_seqlen_q``, ``max_seqlen_kv``: int, the longest padded span
+          (``CuSeqlens.max_seqlen_padded``), which bounds every real length too.
+
+        No Megatron import here: the dict is splatted by the caller. Needs PyTorch.
+        """
+        from .exports import megatron_arguments
+
+        return megatron_arguments(self, device)
 
     def to_torch(self, device: Any = None, pin_memory: bool = False) -> dict[str, Any]:
         """The array fields as PyTorch tensors (zero-copy on CPU). Needs the torch extra."""

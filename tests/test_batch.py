@@ -54,6 +54,7 @@ def test_cu_seqlens_place_every_occurrence_in_the_flat_buffer(batch):
     assert layout.cu_seqlens.tolist() == [0, 3, 5, 9]
     assert layout.cu_seqlens_padded.tolist() == [0, 3, 6, 12]
     assert layout.max_seqlen == 4
+    assert layout.max_seqlen_padded == 6  # A 3, B 2 + 1 padding, C 4 + 2 padding
     assert layout.cu_seqlens.dtype == np.int32
     flat = batch.inputs.ravel()
     lengths = np.diff(layout.cu_seqlens)
@@ -120,3 +121,17 @@ def test_expand_into_a_block_writes_the_same_batch_as_fresh_memory():
     assert reused.inputs.base is block
     for name in sp.PackedBatch.ARRAY_FIELDS:
         np.testing.assert_array_equal(getattr(reused, name), getattr(fresh, name))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_padded_max_seqlen_covers_every_padded_span(seed):
+    # A kernel over the padded layout reads each occurrence's whole padded span
+    # [padded[i], padded[i+1]); max_seqlen_padded must bound it (max_seqlen need not).
+    rng = np.random.default_rng(seed)
+    documents = [[1] * int(n) for n in rng.integers(2, 12, 30)]
+    for batch in sp.pack_examples(sp.Examples.from_documents(documents), BINDING,
+                                  sp.PackConfig(capacity=16, max_rows_per_batch=3)).batches:
+        layout = batch.cu_seqlens()
+        spans = np.diff(layout.cu_seqlens_padded)
+        assert layout.max_seqlen_padded == spans.max() >= layout.max_seqlen
+        assert layout.max_seqlen == np.diff(layout.cu_seqlens).max()
