@@ -29,6 +29,8 @@ COMMANDS: list[tuple[str, str, str]] = [
      "ask a producer whether it is serving (exit 0) or not (1)"),
     ("inspect", "streampack.service.inspect_batch",
      "picture one batch: cells by segment, permission matrix"),
+    ("corpus", "streampack.corpus.command",
+     "build a token corpus from text (build), or report on one (inspect)"),
     ("demo", "streampack.service.demo",
      "serve the bundled corpus to two ranks and verify exactly once"),
 ]
