@@ -137,9 +137,19 @@ def check_output_path(field: str, path: str) -> None:
                             f"existing, writable directory")
 
 
+def check_number(field: str, value: Any, *, minimum: float, integer: bool = False,
+                 inclusive: bool = True) -> None:
+    """Refuse ``value`` unless it is a number (an integer with ``integer``) at least
+    ``minimum`` (above it when not ``inclusive``); NaN is refused too."""
+    kind, types = ("an integer", int) if integer else ("a number", (int, float))
+    bound = ">=" if inclusive else ">"
+    if (isinstance(value, bool) or not isinstance(value, types)
+            or not (value >= minimum if inclusive else value > minimum)):
+        raise InvalidConfig(f"{field} = {value!r} must be {kind} {bound} {minimum}")
+
+
 def _check_int(field: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidConfig(f"{field} = {value!r} must be an integer >= {minimum}")
+    check_number(field, value, minimum=minimum, integer=True)
 
 
 def _check_metrics(port: Any, address: Any) -> None:
@@ -153,8 +163,7 @@ def _check_metrics(port: Any, address: Any) -> None:
 
 
 def _check_float(field: str, value: Any, *, minimum: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > minimum:
-        raise InvalidConfig(f"{field} = {value!r} must be a number > {minimum}")
+    check_number(field, value, minimum=minimum, inclusive=False)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

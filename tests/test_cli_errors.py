@@ -104,6 +104,22 @@ CASES = [
        rf"streampack {name}: error: curve_server_key = '{re.escape(NOT_Z85)}' is not a CURVE "
        rf"public key {NOT_Z85_TEXT}; {PUBLIC_KEY}")
       for name, extra in [("consume", ["--connect", NOWHERE]), ("worker", []), ("health", [])]],
+    *[(f"{name}-{flag[2:]}-{value}", [name, *extra, flag, value],
+       rf"streampack {name}: error: {field} = {shown} must be {rule}")
+      for name, extra, flag, value, field, shown, rule in [
+          ("health", [], "--timeout", "-1", "timeout", r"-1\.0", "a number > 0"),
+          ("health", [], "--timeout", "nan", "timeout", "nan", "a number > 0"),
+          ("consume", ["--connect", NOWHERE], "--delay", "-1", "--delay", r"-1\.0",
+           "a number >= 0"),
+          ("consume", ["--connect", NOWHERE], "--max-batches", "-1", "--max-batches", "-1",
+           "an integer >= 0"),
+          ("digest", ["--corpus", "{fixture}"], "--max-batches", "-1", "--max-batches", "-1",
+           "an integer >= 0"),
+          ("serve", ["--corpus", "{fixture}"], "--workers", "0", "--workers", "0",
+           "an integer >= 1"),
+          ("serve", ["--corpus", "{fixture}"], "--grace", "-1", "--grace", r"-1\.0",
+           "a number >= 0"),
+    ]],
     ("serve-bad-worker-setting", ["serve", "--corpus", "{fixture}", "--config", "{tmp}/w.toml"],
      r"streampack serve: error: prefetch = 0 must be an integer >= 1"),
 ]

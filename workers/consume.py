@@ -26,6 +26,7 @@ from streampack.progress import Progress
 from streampack.settings import (
     ConsumerSettings,
     add_flags,
+    check_number,
     check_output_path,
     check_rank,
     from_args,
@@ -85,6 +86,9 @@ def main(args: argparse.Namespace) -> int:
     settings = from_args(ConsumerSettings, args)
     # Everything the run will need at its end is checked before it drains the stream.
     check_rank(args.rank, args.world_size)
+    check_number("--delay", args.delay, minimum=0)
+    if args.max_batches is not None:
+        check_number("--max-batches", args.max_batches, minimum=0, integer=True)
     cursor = read_cursor(args.state_in) if args.state_in else None
     for flag, path in (("--state-out", args.state_out), ("--record", args.record),
                        ("--save-batch", args.save_batch)):

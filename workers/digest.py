@@ -22,7 +22,7 @@ from streampack.service.worker import window_examples
 from streampack import PackConfig, PackedBatch, pack_examples
 from streampack.client import StreamDigest
 from streampack.corpus import open_corpus
-from streampack.settings import ProducerSettings, add_flags, check_rank, from_args
+from streampack.settings import ProducerSettings, add_flags, check_number, check_rank, from_args
 from streampack.windows import CutSpec, iter_windows
 
 
@@ -94,6 +94,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     settings = from_args(ProducerSettings, args)
     check_rank(args.rank, args.world_size)
+    if args.max_batches is not None:
+        check_number("--max-batches", args.max_batches, minimum=0, integer=True)
     if settings.corpus is None:
         raise SystemExit("streampack digest: --corpus PATH (or [producer] corpus) is required")
     if settings.epochs == 0 and args.max_batches is None:

@@ -14,12 +14,13 @@ import zmq
 
 from streampack import wire
 from streampack.errors import ProtocolError
-from streampack.settings import check_curve_key, check_endpoint
+from streampack.settings import check_curve_key, check_endpoint, check_number
 
 
 def check(endpoint: str, timeout: float, curve_server_key: str | None = None) -> dict | None:
     """The producer's status, or None when it does not answer in time."""
     check_endpoint("endpoint", endpoint)
+    check_number("timeout", timeout, minimum=0, inclusive=False)  # never wait forever
     check_curve_key("curve_server_key", curve_server_key)
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)

@@ -31,6 +31,7 @@ from streampack.settings import (
     ProducerSettings,
     WorkerSettings,
     add_flags,
+    check_number,
     from_args,
     read_curve_secret,
 )
@@ -166,8 +167,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     settings = from_args(ProducerSettings, args)
-    if args.workers < 1:
-        raise InvalidConfig(f"--workers {args.workers}; at least 1 is needed")
+    check_number("--workers", args.workers, minimum=1, integer=True)
+    check_number("--grace", args.grace, minimum=0)
     if settings.metrics_port and settings.metrics_port + args.workers > 65535:
         raise InvalidConfig(f"metrics_port {settings.metrics_port}: local workers serve "
                             f"theirs on the next {args.workers} ports, which must be <= 65535")
