@@ -68,6 +68,9 @@ CASES = [
      ["produce", "--corpus", "{fixture}", "--quarantine-path", "{tmp}/missing/q.jsonl"],
      r"streampack produce: error: quarantine_path = '.*/missing/q\.jsonl': directory "
      rf"'.*/missing' does not exist; {OUTPUT_DIR}"),
+    ("inspect-png-in-missing-directory", ["inspect", "--png", "{tmp}/missing/x.png"],
+     r"streampack inspect: error: --png = '.*/missing/x\.png': directory '.*/missing' does "
+     rf"not exist; {OUTPUT_DIR}"),
     ("consume-state-in-missing",
      ["consume", "--connect", NOWHERE, "--state-in", "{tmp}/none.json"],
      rf"streampack consume: error: --state-in '.*/none\.json': No such file or directory; "

@@ -24,7 +24,7 @@ from typing import Any
 from streampack.batch import PackedBatch
 from streampack.errors import InvalidConfig
 from streampack.render import batch_png, batch_text, load_batch
-from streampack.settings import ProducerSettings, add_flags, from_args
+from streampack.settings import ProducerSettings, add_flags, check_output_path, from_args
 
 
 def worked_example(fixture: str | None) -> PackedBatch:
@@ -89,6 +89,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     settings = from_args(ProducerSettings, args)
+    if args.png:
+        check_output_path("--png", args.png)
     batch: Any
     if args.batch_file:
         batch, title = load_batch(args.batch_file), f"batch from {args.batch_file}"
