@@ -49,11 +49,11 @@ def main(args: argparse.Namespace) -> int:
         from streampack.progress import Progress
 
         with Progress("corpus build", unit="documents", enabled=not args.quiet) as progress:
-            report = build_corpus(args.source, args.tokenizer, args.out,
+            built = build_corpus(args.source, args.tokenizer, args.out,
                                   text_column=args.text_column, eos=args.eos,
                                   shard_tokens=args.shard_tokens, partition=args.partition,
                                   split_receipt=args.split_receipt, progress=progress)
-        print(json.dumps({"out": str(args.out), **dataclasses.asdict(report)}))
+        print(json.dumps({"out": str(args.out), **dataclasses.asdict(built)}))
         return 0
     from streampack.corpus.inspect import inspect_corpus
 
