@@ -103,7 +103,10 @@ def test_the_collector_reads_the_producers_counters_at_scrape_time():
     names = exported_names(after) | exported_names(
         samples(generate_latest(worker.registry).decode()))
     assert names - set(METRICS) == set()
-    assert set(METRICS) - names <= {"streampack_pack_seconds_total"}  # counted once reported
+    # Counted once reported, or once a batch was served:
+    assert set(METRICS) - names <= {"streampack_pack_seconds_total",
+                                    "streampack_source_tokens_served_total",
+                                    "streampack_source_documents_served_total"}
 
 
 def test_a_port_that_cannot_be_used_is_one_clear_error():
@@ -237,6 +240,8 @@ def all_exported_names() -> set[str]:
     producer = Producer(ProducerSettings(corpus=str(FIXTURE), capacity=256, window_tokens=3000))
     producer.stats["pack_seconds"] += 0.5
     producer.tokens_by_rank[0] += 1
+    producer.tokens_by_source[0] += 1
+    producer.documents_by_source[0] += 1
     registries = [ProducerMetrics(producer.snapshot, window_budget_bytes=1,
                                   reorder_budget_bytes=1).registry,
                   WorkerMetrics({}).registry, CollectorRegistry(auto_describe=False)]
@@ -309,3 +314,35 @@ def test_serve_refuses_worker_metrics_ports_past_65535():
     assert proc.returncode != 0
     assert "metrics_port 65534: local workers serve theirs on the next 2 ports" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_per_source_counters_agree_with_what_a_mixture_delivered(tmp_path):
+    from streampack.client import BatchStream
+
+    rng = np.random.default_rng(3)
+    for name, low, count in (("a", 2, 30), ("b", 200, 12)):
+        docs = [rng.integers(low, low + 198, size=int(n)) for n in rng.integers(5, 60, count)]
+        np.save(tmp_path / f"{name}.tokens.npy", np.concatenate(docs).astype(np.int32))
+        np.save(tmp_path / f"{name}.offsets.npy",
+                np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64))
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"format": "streampack-corpus", "version": 1, "binding": BINDING,
+         "sources": [{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}]}))
+    port = free_port()
+    tokens, documents = collections.Counter(), collections.Counter()
+    with Service(tmp_path, serve_workers=1, metrics_port=port, capacity=64,
+                 window_documents=8, window_tokens=300) as service:
+        with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=60) as stream:
+            for batch in stream:
+                occ = batch.occurrences
+                for source, length in zip(batch.sources.tolist(),
+                                          (occ["stop"] - occ["start"]).tolist()):
+                    tokens[str(source)] += length
+                    documents[str(source)] += 1
+        scraped = scrape(port)
+    assert set(tokens) == {"0", "1"}
+    for source in ("0", "1"):
+        assert value(scraped, "streampack_source_tokens_served_total", source=source) == \
+            tokens[source]
+        assert value(scraped, "streampack_source_documents_served_total", source=source) == \
+            documents[source]

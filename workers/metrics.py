@@ -112,6 +112,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "streampack_reorder_budget_bytes": ("gauge", "reorder_budget_bytes: the bound on "
                                         "streampack_reorder_bytes"),
     "streampack_fill_ratio": ("gauge", "Real tokens over cells of the batches sent so far"),
+    "streampack_source_tokens_served_total": (
+        "counter", "Real tokens sent, by mixture source (its index in the manifest)"),
+    "streampack_source_documents_served_total": (
+        "counter", "Documents (occurrences) sent, by mixture source"),
     "streampack_window_pack_seconds": ("histogram",
                                        "Seconds a worker took to pack one window, as it reports"),
     "streampack_serve_seconds": ("histogram", "Seconds from a fetch's arrival at the producer "
@@ -176,6 +180,14 @@ class ProducerCollector(Collector):
             yield GaugeMetricFamily("streampack_fill_ratio",
                                     METRICS["streampack_fill_ratio"][1],
                                     value=served / cells if cells else 0.0)
+        for key, name in (("tokens_served_by_source", "streampack_source_tokens_served"),
+                          ("documents_served_by_source", "streampack_source_documents_served")):
+            if key in stats:
+                family = CounterMetricFamily(name, METRICS[f"{name}_total"][1],
+                                             labels=["source"])
+                for source, count in sorted(stats[key].items(), key=lambda kv: int(kv[0])):
+                    family.add_metric([str(source)], count)
+                yield family
         reasons = CounterMetricFamily("streampack_documents_quarantined",
                                       METRICS["streampack_documents_quarantined_total"][1],
                                       labels=["reason"])

@@ -145,6 +145,9 @@ class Producer:
             self.stats[name] = 0
         self.quarantine_reasons: dict[str, int] = collections.defaultdict(int)
         self.tokens_by_rank: dict[int, int] = collections.defaultdict(int)  # rank < world_size
+        # By mixture source (index in the manifest's sources; one source: 0).
+        self.tokens_by_source: dict[int, int] = collections.defaultdict(int)
+        self.documents_by_source: dict[int, int] = collections.defaultdict(int)
         self.metrics: Any = None  # service.metrics.ProducerMetrics while metrics are served
         if settings.quarantine_path:
             check_output_path("quarantine_path", settings.quarantine_path)
@@ -681,6 +684,7 @@ class Producer:
                     self.stats["tokens_served"] += batch.real_tokens
                     self.stats["cells_served"] += batch.rows * batch.capacity
                     self.tokens_by_rank[index % self.world_size] += batch.real_tokens
+                    self._count_sources(batch)
                     self._advance_floor(key)
                 else:
                     continue
@@ -692,6 +696,15 @@ class Producer:
                 self.pending_count[identity] -= 1
                 if self.pending_count[identity] <= 0:
                     del self.pending_count[identity]
+
+    def _count_sources(self, batch: CompactBatch) -> None:
+        occ = batch.occurrences
+        lengths = (occ["stop"] - occ["start"]).astype(np.int64)
+        tokens = np.bincount(batch.sources, weights=lengths)
+        documents = np.bincount(batch.sources)
+        for source in np.flatnonzero(documents).tolist():
+            self.tokens_by_source[source] += int(tokens[source])
+            self.documents_by_source[source] += int(documents[source])
 
     def _advance_floor(self, key: tuple[int, int]) -> None:
         rank = key[1] % self.world_size
@@ -712,6 +725,9 @@ class Producer:
             pending_fetches=sum(len(v) for v in self.pending.values()),
             quarantine_reasons=dict(self.quarantine_reasons),
             tokens_served_by_rank={str(r): n for r, n in sorted(self.tokens_by_rank.items())},
+            tokens_served_by_source={str(k): n for k, n in sorted(self.tokens_by_source.items())},
+            documents_served_by_source={
+                str(k): n for k, n in sorted(self.documents_by_source.items())},
             epoch=self.asm_epoch,
         )
         return {k: (float(v) if isinstance(v, float) else v) for k, v in stats.items()}
