@@ -263,3 +263,42 @@ def test_every_document_arrives_once_through_the_service(tmp_path, fmt):
             assert batch.targets[row, start:stop].tolist() == doc[1:]
             seen.append(int(occ["source_id"]))
     assert sorted(seen) == list(range(len(docs)))
+
+
+def test_opening_and_cutting_holds_no_per_document_memory(tmp_path, monkeypatch):
+    """Megatron and Arrow corpora of 100,000 documents are opened and their first
+    window cut with a few hundred kB of Python/NumPy allocations and no pyarrow heap:
+    the index, pointers and tokens stay memory-mapped, checked in bounded chunks."""
+    import tracemalloc
+
+    import pyarrow as pa
+
+    from streampack.corpus import megatron, offsets
+
+    monkeypatch.setattr(offsets, "_CHUNK", 4096)
+    monkeypatch.setattr(megatron, "_CHUNK", 4096)
+    count = 100_000
+    lengths = np.full(count, 3)
+    (tmp_path / "big.bin").write_bytes(np.arange(3 * count, dtype=np.uint16).tobytes())
+    (tmp_path / "big.idx").write_bytes(megatron_index(lengths.tolist(),
+                                                      list(range(count + 1))))
+    values = pa.array(np.arange(3 * count, dtype=np.int32) % 500)
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(
+        pa.array(np.arange(0, 3 * count + 1, 3, dtype=np.int32)), values)})
+    with pa.OSFile(str(tmp_path / "big.arrow"), "wb") as sink, \
+            pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    del values, table
+    spec = CutSpec(capacity=8, window_documents=64, window_tokens=200, shuffle=True)
+    for entry in ({"megatron": ["big"]}, {"arrow": ["big.arrow"]}):
+        corpus = manifest(tmp_path, **entry)
+        heap = pa.total_allocated_bytes()
+        tracemalloc.start()
+        source = open_corpus(corpus)
+        next(iter_windows(source, 0, spec))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert source.num_documents == count
+        # the shuffled epoch's permutation (8 bytes per document) is the one exception
+        assert peak < 8 * count + 400_000, (entry, peak)
+        assert pa.total_allocated_bytes() == heap
