@@ -260,8 +260,8 @@ def test_supervisor_backs_off_then_gives_up_on_a_worker_that_cannot_start():
     supervisor.start()
     assert gave_up.wait(30.0)
     supervisor.stop()
-    # Pauses of 0.1, 0.2 and 0.2 s (capped) came between the four starts.
-    assert time.monotonic() - started >= 0.5
+    # Pauses of 0.05, 0.1 and 0.2 s came between the four starts.
+    assert time.monotonic() - started >= 0.35
     assert supervisor.restarts == 3
     assert supervisor.failure == (
         "worker 0 exited 4 times in a row within 10s of starting (last exit status 3); "
@@ -280,3 +280,25 @@ def test_supervisor_keeps_a_worker_that_runs():
     supervisor.stop()
     assert len(pids) == 2 and supervisor.restarts == 0 and not supervisor.failure
     assert supervisor.pids() == []
+
+
+@pytest.mark.slow  # about 10 s: five starts with pauses of 0.2 to 1.6 s between them
+def test_serve_gives_up_on_workers_that_cannot_start(tmp_path):
+    """The real ``serve``, whose worker command is a program that fails at once: it
+    stops after five tries with one line and a non-zero exit, not restarting forever."""
+    failing = tmp_path / "python"
+    failing.write_text("#!/bin/sh\necho 'worker: cannot start' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    serve = ("import sys; sys.executable = sys.argv.pop(1)\n"
+             "from streampack.cli import main\nsys.exit(main(sys.argv[1:]))")
+    run = subprocess.run(
+        [sys.executable, "-c", serve, str(failing), "serve", "--corpus", str(FIXTURE),
+         "--workers", "1", "--worker-endpoint", f"tcp://127.0.0.1:{_free_port()}",
+         "--consumer-endpoint", f"tcp://127.0.0.1:{_free_port()}", "--log-level", "ERROR"],
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert lines == ["worker: cannot start"] * 5 + [
+        "streampack serve: error: worker 0 exited 5 times in a row within 10s of starting "
+        "(last exit status 3); giving up: see the worker's error above"]

@@ -103,7 +103,7 @@ class Supervisor:
                 f"giving up: see the worker's error above"
             )
             return
-        delay = min(self.backoff[1], self.backoff[0] * 2 ** self.failures[slot])
+        delay = min(self.backoff[1], self.backoff[0] * 2 ** max(0, self.failures[slot] - 1))
         self.restart_at[slot] = now + delay
         self.restarts += 1
         logger.warning("worker %d (pid %d) exited with %s; restarting in %.1fs", slot,
@@ -122,10 +122,8 @@ class Supervisor:
                 if restart_at is not None and time.monotonic() >= restart_at:
                     self._spawn(slot)
         self._terminate()
-        if self.failure:
-            logger.error("%s", self.failure)
-            if self.on_give_up is not None:
-                self.on_give_up()
+        if self.failure and self.on_give_up is not None:
+            self.on_give_up()
 
     def _terminate(self) -> None:
         for proc in self.procs:
