@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(BIN)/streampack: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,16 +18,24 @@ $(BIN)/streampack: pyproject.toml
 demo: $(BIN)/streampack
 	$(BIN)/streampack demo
 
-test: $(BIN)/streampack
+# ruff, then mypy (configured in pyproject.toml: streampack/ and workers/).
+lint: $(BIN)/streampack
 	$(BIN)/ruff check streampack workers tests benchmarks
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest -q
+
+# The edit-test loop: everything but the slow tier (end-to-end process and property tests).
+test-fast: $(BIN)/streampack
+	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(BIN)/streampack
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/pack.py
 
 clean:
-	rm -rf $(VENV) .numba_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .numba_cache .pytest_cache .hypothesis .mypy_cache
 
 # On a machine with an NVIDIA GPU: the CUDA scenario suite and the audit compiled for
 # that GPU, then the GPU benchmark (JSON on stdout).

@@ -454,8 +454,11 @@ class CompactBatch:
             return PackedBatch.filler_like(self.binding, self.rows, self.capacity)
         arrays = expanded_arrays(self.rows, self.capacity, block)
         fill_compact(self.tokens, self.occurrences, *arrays.values())
-        return PackedBatch(**arrays, occurrences=self.occurrences, binding=self.binding,
-                           sources=self.sources)
+        return PackedBatch(
+            # (mypy matches a ** dict against every parameter, the bool and Binding ones too)
+            **arrays,  # type: ignore[arg-type]
+            occurrences=self.occurrences, binding=self.binding, sources=self.sources,
+        )
 
     @property
     def expanded_nbytes(self) -> int:

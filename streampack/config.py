@@ -41,10 +41,12 @@ class PackConfig:
         _require_positive_int("capacity", self.capacity, maximum=_INT32_MAX)
         _require_positive_int("max_rows_per_batch", self.max_rows_per_batch)
         _require_positive_int("max_metadata_bytes", self.max_metadata_bytes)
-        if self.max_cells is None:
-            object.__setattr__(self, "max_cells", self.capacity * self.max_rows_per_batch)
-        _require_positive_int("max_cells", self.max_cells)
-        if self.max_cells < self.capacity:
+        max_cells = self.max_cells
+        if max_cells is None:
+            max_cells = self.capacity * self.max_rows_per_batch
+            object.__setattr__(self, "max_cells", max_cells)
+        _require_positive_int("max_cells", max_cells)
+        if max_cells < self.capacity:
             raise InvalidConfig(
                 f"max_cells={self.max_cells} is smaller than one row (capacity={self.capacity}); "
                 f"accepted: max_cells >= {self.capacity}"

@@ -42,7 +42,7 @@ differences in the tests.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -159,7 +159,7 @@ class LossAndGrad(NamedTuple):
     """Raw token-summed loss, the number of targets it sums, and d(loss_sum)/d(parameter)."""
 
     loss_sum: float
-    count: int
+    count: int  # type: ignore[assignment]  # a field named like tuple.count, on purpose: the API's name
     grads: dict[str, np.ndarray]
 
 
@@ -185,7 +185,7 @@ class _Cells:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.inputs.shape  # type: ignore[return-value]
+        return self.inputs.shape
 
 
 @dataclass
@@ -193,13 +193,13 @@ class _Trace:
     """What the forward pass keeps for the backward pass."""
 
     cells: _Cells
-    layers: list[dict[str, np.ndarray]] = field(default_factory=list)
-    h_final: np.ndarray | None = None
-    r_final: np.ndarray | None = None
-    z_eligible: np.ndarray | None = None
-    logits: np.ndarray | None = None  # [N, V], eligible cells only, row-major cell order
-    cos: np.ndarray | None = None  # rotary tables [R, 1, C, head_dim // 2]
-    sin: np.ndarray | None = None
+    layers: list[dict[str, np.ndarray]]
+    h_final: np.ndarray
+    r_final: np.ndarray
+    z_eligible: np.ndarray
+    logits: np.ndarray  # [N, V], eligible cells only, row-major cell order
+    cos: np.ndarray  # rotary tables [R, 1, C, head_dim // 2]
+    sin: np.ndarray
 
 
 @dataclass
@@ -524,7 +524,7 @@ class Decoder:
         cfg = self.config
         p = self._params
         rows, cap = cells.shape
-        trace = _Trace(cells=cells)
+        layers: list[dict[str, np.ndarray]] = []
         in_row = cells.inputs != _PAD_CELL
         h = np.zeros((rows, cap, cfg.width))
         h[in_row] = p["embedding"][cells.inputs[in_row]]
@@ -560,15 +560,15 @@ class Decoder:
             m = act * up
             h = h + m @ p[pre + "w_down"]
             rec.update(b=b, gate=gate, up=up, sig=sig, act=act, m=m)
-            trace.layers.append(rec)
+            layers.append(rec)
         if perturb and cfg.layers in perturb:
             h = h + perturb[cfg.layers]
-        trace.h_final = h
-        z, trace.r_final = _rms_forward(h, p["final_norm"])
-        trace.z_eligible = z[cells.eligible]
-        trace.logits = trace.z_eligible @ p["embedding"].T
-        trace.cos, trace.sin = cos, sin
-        return trace
+        z, r_final = _rms_forward(h, p["final_norm"])
+        z_eligible = z[cells.eligible]
+        return _Trace(
+            cells=cells, layers=layers, h_final=h, r_final=r_final, z_eligible=z_eligible,
+            logits=z_eligible @ p["embedding"].T, cos=cos, sin=sin,
+        )
 
     # -- backward ---------------------------------------------------------------------
 

@@ -92,8 +92,8 @@ class Examples:
     doc: np.ndarray
     start: np.ndarray
     stop: np.ndarray
-    source_id: np.ndarray = field(default=None)  # type: ignore[assignment]
-    example_id: np.ndarray = field(default=None)  # type: ignore[assignment]
+    source_id: np.ndarray = field(default=None)  # type: ignore[arg-type]
+    example_id: np.ndarray = field(default=None)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -158,8 +158,9 @@ class Examples:
             doc=np.arange(len(arrays), dtype=np.int64),
             start=start,
             stop=stop,
-            source_id=source_ids,
-            example_id=example_ids,
+            # Sequences or None: __post_init__ makes the columns (as for any caller).
+            source_id=source_ids,  # type: ignore[arg-type]
+            example_id=example_ids,  # type: ignore[arg-type]
         )
 
     def __len__(self) -> int:

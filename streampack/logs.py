@@ -88,7 +88,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+class _Handler(logging.StreamHandler):
     """The handler ``setup_logging`` installs (a second call replaces it). Without a
     stream of its own it writes to whatever ``sys.stderr`` is at the time."""
 
@@ -96,7 +96,7 @@ class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
         self._own_stream = stream
         super().__init__(stream)
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> IO[str]:
         return self._own_stream if self._own_stream is not None else sys.stderr
 

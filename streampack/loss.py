@@ -18,7 +18,7 @@ from .errors import EmptyObjective, InvalidArray
 
 class LossResult(NamedTuple):
     sum: float
-    count: int
+    count: int  # type: ignore[assignment]  # a field named like tuple.count, on purpose: the API's name
     mean: float
 
 

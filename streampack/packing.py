@@ -182,11 +182,13 @@ def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_
     batch_count = -(-row_count // rows_per_batch)
 
     largest_batch_rows = min(rows_per_batch, row_count)
-    if largest_batch_rows * config.capacity > config.max_cells:
+    max_cells = config.max_cells
+    assert max_cells is not None  # PackConfig.__post_init__ fills it in
+    if largest_batch_rows * config.capacity > max_cells:
         raise CapacityError(
             f"batch 0 would hold {largest_batch_rows} rows x capacity {config.capacity} = "
             f"{largest_batch_rows * config.capacity} cells but max_cells={config.max_cells}; "
-            f"accepted: max_rows_per_batch <= {config.max_cells // config.capacity} "
+            f"accepted: max_rows_per_batch <= {max_cells // config.capacity} "
             "or a larger max_cells"
         )
     selected = int(lengths.sum()) + count if compact else None
@@ -224,7 +226,8 @@ def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> P
         rows = slice(first_row, last_row)
         batches.append(
             PackedBatch(
-                **{name: array[rows] for name, array in arrays.items()},
+                # (mypy matches a ** dict against every parameter: see batch.py)
+                **{name: array[rows] for name, array in arrays.items()},  # type: ignore[arg-type]
                 valid_lengths=valid_lengths[rows],
                 occurrences=occurrences[plan.row_first[first_row] : plan.row_first[last_row]],
                 binding=binding,

@@ -194,6 +194,14 @@ class ProducerSettings:
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"
 
+    def corpus_path(self) -> str:
+        """``corpus``, which every command that reads the corpus needs."""
+        if self.corpus is None:
+            raise InvalidConfig(
+                "corpus is not set; pass --corpus PATH or set corpus in the [producer] table"
+            )
+        return self.corpus
+
     def __post_init__(self) -> None:
         _check_metrics(self.metrics_port, self.metrics_address)
         if self.corpus is not None and not isinstance(self.corpus, str):
@@ -308,7 +316,9 @@ FIELD_HELP: dict[str, str] = {
 
 S = TypeVar("S")
 
-_SECTIONS = {ProducerSettings: "producer", WorkerSettings: "worker", ConsumerSettings: "consumer"}
+_SECTIONS: dict[type, str] = {
+    ProducerSettings: "producer", WorkerSettings: "worker", ConsumerSettings: "consumer"
+}
 
 
 def read_curve_secret(path: str) -> bytes:
@@ -347,7 +357,7 @@ def build(
     """
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     values: dict[str, Any] = {}
-    section = _SECTIONS[cls]  # type: ignore[index]
+    section = _SECTIONS[cls]
     if toml:
         unknown_tables = set(toml) - set(_SECTIONS.values())
         if unknown_tables:

@@ -290,7 +290,7 @@ def encode(
             array = array.astype(dtype)
         array = np.ascontiguousarray(array)
         specs.append((name, code, array.shape))
-        frames.append(memoryview(array).cast("B") if array.size else b"")
+        frames.append(array.data.cast("B") if array.size else b"")
     return [encode_header(kind, fields, specs), *frames]
 
 

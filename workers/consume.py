@@ -132,6 +132,7 @@ def main(args: argparse.Namespace) -> int:
                 batch = stream.next_batch()
             except StopIteration:
                 break
+            assert stream.current is not None  # set by every batch next_batch returns
             epoch, index = stream.current
             if args.digest:
                 digest.update(batch, epoch, index)

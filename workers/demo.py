@@ -37,7 +37,7 @@ from streampack.windows import CutSpec, iter_windows
 
 logger = logging.getLogger(__name__)
 
-DEMO_SETTINGS = {
+DEMO_SETTINGS: dict[str, int | str] = {
     "capacity": 256,
     "max_rows_per_batch": 4,
     "window_documents": 64,
@@ -176,14 +176,16 @@ def main(args: argparse.Namespace) -> int:
             print(f"demo: rank {r.rank} failed: {r.error!r}", flush=True)
             return 1
 
-    spec = CutSpec(capacity=DEMO_SETTINGS["capacity"],
-                   window_documents=DEMO_SETTINGS["window_documents"],
-                   window_tokens=DEMO_SETTINGS["window_tokens"])
+    spec = CutSpec(capacity=int(DEMO_SETTINGS["capacity"]),
+                   window_documents=int(DEMO_SETTINGS["window_documents"]),
+                   window_tokens=int(DEMO_SETTINGS["window_tokens"]))
     want, documents, reasons = expected_pairs(corpus, spec)
     got = np.concatenate([i for r in ranks for i in r.ids]) if any(r.ids for r in ranks) else \
         np.zeros((0, 3), np.int64)
-    key = lambda a: a[np.lexsort(a.T[::-1])]  # noqa: E731
-    exactly_once = got.shape == want.shape and np.array_equal(key(got), key(want))
+    def in_order(a: np.ndarray) -> np.ndarray:
+        return a[np.lexsort(a.T[::-1])]
+
+    exactly_once = got.shape == want.shape and np.array_equal(in_order(got), in_order(want))
     equal_counts = len({r.batches for r in ranks}) == 1
     cells = sum(r.cells for r in ranks)
     valid = sum(r.valid for r in ranks)

@@ -48,7 +48,7 @@ def rank_stream(
     settings: ProducerSettings, rank: int, world_size: int
 ) -> Iterator[tuple[int, int, PackedBatch]]:
     """(epoch, global index, batch) of everything rank ``rank`` receives, in order."""
-    source = open_corpus(settings.corpus, allow_outside=settings.corpus_allow_outside)
+    source = open_corpus(settings.corpus_path(), allow_outside=settings.corpus_allow_outside)
     binding = source.binding.to_binding()
     epoch = 0
     while settings.epochs == 0 or epoch < settings.epochs:

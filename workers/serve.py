@@ -86,10 +86,11 @@ class Supervisor:
 
     def _spawn(self, slot: int) -> None:
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        self.procs[slot] = subprocess.Popen(self.command(slot), preexec_fn=preexec)
+        proc = subprocess.Popen(self.command(slot), preexec_fn=preexec)
+        self.procs[slot] = proc
         self.started_at[slot] = time.monotonic()
         self.restart_at[slot] = None
-        logger.info("worker %d started as pid %d", slot, self.procs[slot].pid)
+        logger.info("worker %d started as pid %d", slot, proc.pid)
 
     def _on_exit(self, slot: int, proc: subprocess.Popen[bytes]) -> None:
         """Schedule the restart of the worker in ``slot``, or give up."""

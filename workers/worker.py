@@ -155,7 +155,7 @@ class Worker:
             # Asked for with needs_tokens, so only a faulty producer gets here.
             audited = failures = len(sizes)
             notes.append("the window came without its tokens; nothing could be audited")
-        elif self.settings.audit_every:  # only audits need the batches' tokens
+        elif self.settings.audit_every and examples is not None:  # only audits need tokens
             batches = compact_batches(examples, occurrences, sizes, binding, config.capacity)
             for index, batch in enumerate(batches):
                 a, f, note = self._audit(batch, examples)

@@ -170,7 +170,7 @@ def _validate(
     segment_starts: Any,
     valid_lengths: Any,
     device: str,
-) -> tuple[tuple[int, int, int, int], np.dtype, np.ndarray, np.ndarray]:
+) -> tuple[tuple[int, ...], np.dtype, np.ndarray, np.ndarray]:
     """Check every array; return ``(shape, dtype, starts, valid)``."""
     _check_device(device)
     shape, dtype = _shape_dtype("q", floats["q"], device)
@@ -270,7 +270,10 @@ def range_attention(
         # scale in the array dtype: a float64 scale would drag float32 arithmetic
         # (and the exp) to float64
         typed_scale = dtype.type(scale_value)
-        cpu.forward(qf, kf, vf, starts, valid, typed_scale, tile_q, tile_k, *plan, out, lse)
+        # numba's Dispatcher.__call__ is typed without the kernel's own parameters.
+        cpu.forward(  # type: ignore[call-arg]
+            qf, kf, vf, starts, valid, typed_scale, tile_q, tile_k, *plan, out, lse
+        )
     return out.reshape(shape), lse.reshape(rows, heads, capacity)
 
 
@@ -323,7 +326,7 @@ def range_attention_backward(
         key_end = np.empty((rows, capacity), np.int32)
         cpu.key_query_end(starts, valid, key_end)
         plan = cpu.plan_backward(starts, valid, heads, tile_q, numba.get_num_threads())
-        cpu.backward(
+        cpu.backward(  # type: ignore[call-arg]  # (as cpu.forward above)
             qf, kf, vf, of, lse_host, gf, starts, valid, key_end, dtype.type(scale_value),
             tile_q, tile_k, *plan, dq, dk, dv,
         )

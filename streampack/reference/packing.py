@@ -69,8 +69,9 @@ def reference_pack(examples: Examples, binding: Binding, config: PackConfig) -> 
                 column += len(inputs)
             fields["valid_lengths"][r] = column
         batches.append(
-            PackedBatch(
-                **fields, occurrences=np.array(records, dtype=OCCURRENCE_DTYPE), binding=binding
+            PackedBatch(  # (mypy matches a ** dict against every parameter: see batch.py)
+                **fields,  # type: ignore[arg-type]
+                occurrences=np.array(records, dtype=OCCURRENCE_DTYPE), binding=binding
             )
         )
     return batches
