@@ -118,9 +118,10 @@ def _cursor_fields(state: Any, default: tuple[int, int] | None, where: str
         raise ResumeError(f"{where} {dict(state)!r} lacks rank and world_size; a list of "
                           f"states needs them (state_dict() saves them)")
     rank, world_size = default if default is not None else (-1, 0)
-    epoch, index, base, rank, world_size = values = (
+    values: tuple[Any, ...] = (  # checked to be ints just below
         state.get("epoch"), state.get("index"), state.get("base", 0),
         state.get("rank", rank), state.get("world_size", world_size))
+    epoch, index, base, rank, world_size = values
     if any(isinstance(v, bool) or not isinstance(v, int) for v in values) or not (
         epoch >= 0 and world_size >= 1 and 0 <= rank < world_size and 0 <= base <= index
         and (index - base) % world_size == rank
