@@ -63,6 +63,7 @@ def _endpoint_problem(value: str) -> str:
         return "it has no :PORT"
     if port != "*" and not (port.isdigit() and 1 <= int(port) <= 65535):
         return f"port {port!r} is not a number in 1-65535 or *"
+    kind: type[ipaddress.IPv4Address | ipaddress.IPv6Address]
     if host.startswith("[") and host.endswith("]"):
         address_text, kind = host[1:-1], ipaddress.IPv6Address
     elif host and all(c.isdigit() or c == "." for c in host):

@@ -403,7 +403,7 @@ def _screen(
         source_id=source_ids.astype(np.int64, copy=False),
         example_id=example_ids.astype(np.int64, copy=False),
         quarantined=quarantined,
-        source_index=source_index,
+        source_index=source_index,  # type: ignore[arg-type]  # None: __post_init__ fills it
         documents_split=documents_split,
         pairs_cut=pairs_cut,
     )

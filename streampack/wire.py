@@ -500,6 +500,6 @@ def attach(socket: Any, endpoint: str, *, field: str, bind: bool) -> None:
                 if exc.errno == zmq.EADDRINUSE else "")
         verb = "bind" if bind else "connect to"
         raise InvalidConfig(
-            f"{field} = {endpoint!r}: cannot {verb} it: {zmq.strerror(exc.errno)}{hint}"
+            f"{field} = {endpoint!r}: cannot {verb} it: {zmq.strerror(exc.errno or 0)}{hint}"
         ) from None
 
