@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
 
     if args.capacity < 1:
         raise InvalidConfig(f"--capacity {args.capacity}; expected a positive count of pairs")
-    report = inspect_corpus(args.path, capacity=args.capacity,
-                            allow_outside=args.corpus_allow_outside)
-    print(json.dumps(dataclasses.asdict(report)) if args.json else report.text())
+    inspected = inspect_corpus(args.path, capacity=args.capacity,
+                               allow_outside=args.corpus_allow_outside)
+    print(json.dumps(dataclasses.asdict(inspected)) if args.json else inspected.text())
     return 0
