@@ -1,0 +1,123 @@
+"""Reading one corpus in every format through the window cut and screen; prints JSON.
+
+The same documents (``clip(lognormal(5, 1), 2, 2048)`` tokens, vocabulary 32000) are
+written as token shards, JSON Lines, Parquet, an Arrow IPC file and a Megatron
+``.bin``/``.idx`` pair, then each is read whole with ``iter_windows`` — what the
+producer does per epoch — in corpus order and shuffled (a permutation for random-access
+formats, the shuffle buffer for streamed ones). Reported: tokens per second of each,
+its ratio to token shards in the same order, and that every format yielded the same
+token count. Best of ``--repeats`` rounds, formats taking turns.
+
+    python benchmarks/corpus.py [--documents 50000] [--repeats 3] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from streampack.corpus import open_corpus
+from streampack.windows import CutSpec, iter_windows
+
+VOCAB = 32000
+BINDING = {"vocab_size": VOCAB, "tokenizer": "bench", "split_receipt": "bench",
+           "partition": "train"}
+
+
+def write_all(root: Path, docs: list[np.ndarray]) -> dict[str, Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lengths = np.array([len(d) for d in docs])
+    flat = np.concatenate(docs).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    paths = {}
+
+    def manifest(name: str, **entry: object) -> Path:
+        path = root / f"{name}.json"
+        path.write_text(json.dumps({"format": "streampack-corpus", "version": 1,
+                                    "binding": BINDING, **entry}))
+        return path
+
+    np.save(root / "s.tokens.npy", flat.astype(np.uint16))
+    np.save(root / "s.offsets.npy", offsets)
+    paths["shards"] = manifest("shards", shards=["s"])
+    with open(root / "d.jsonl", "w") as handle:
+        for d in docs:
+            handle.write(json.dumps({"tokens": d.tolist()}) + "\n")
+    paths["jsonl"] = manifest("jsonl", jsonl=["d.jsonl"])
+    lists = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat))
+    table = pa.table({"input_ids": lists})
+    pq.write_table(table, root / "d.parquet", row_group_size=8192)
+    paths["parquet"] = manifest("parquet", parquet=["d.parquet"])
+    with pa.OSFile(str(root / "d.arrow"), "wb") as sink, \
+            pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=1000)  # as datasets writes: 1000 rows
+    paths["arrow"] = manifest("arrow", arrow=["d.arrow"])
+    (root / "m.bin").write_bytes(flat.astype(np.uint16).tobytes())
+    count = len(docs)
+    (root / "m.idx").write_bytes(b"".join([
+        b"MMIDIDX\x00\x00", struct.pack("<QBQQ", 1, 8, count, count + 1),
+        lengths.astype(np.int32).tobytes(), (offsets[:-1] * 2).astype(np.int64).tobytes(),
+        np.arange(count + 1, dtype=np.int64).tobytes()]))
+    paths["megatron"] = manifest("megatron", megatron=["m"])
+    return paths
+
+
+def read(path: Path, shuffle: bool) -> tuple[float, int]:
+    spec = CutSpec(capacity=2048, window_documents=1024, window_tokens=1 << 18,
+                   shuffle=shuffle, seed=1)
+    start = time.perf_counter()
+    tokens = 0
+    for window in iter_windows(open_corpus(path), 0, spec):
+        tokens += len(window.tokens)
+    return time.perf_counter() - start, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=50_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    lengths = np.clip(rng.lognormal(5.0, 1.0, args.documents), 2, 2048).astype(int)
+    docs = [rng.integers(0, VOCAB, n, dtype=np.int32) for n in lengths]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_all(Path(tmp), docs)
+        best: dict[tuple[str, bool], float] = {}
+        counts = set()
+        for _ in range(args.repeats):
+            for shuffle in (False, True):
+                for name, path in paths.items():
+                    seconds, tokens = read(path, shuffle)
+                    counts.add(tokens)
+                    key = (name, shuffle)
+                    best[key] = min(best.get(key, float("inf")), seconds)
+    total = int(lengths.sum())
+    results = {}
+    for shuffle in (False, True):
+        order = "shuffled" if shuffle else "in_order"
+        base = best[("shards", False)]
+        results[order] = {
+            name: {"seconds": round(best[(name, shuffle)], 4),
+                   "m_tokens_per_s": round(total / best[(name, shuffle)] / 1e6, 2),
+                   "time_vs_shards_in_order": round(best[(name, shuffle)] / base, 2)}
+            for name in paths}
+    print(json.dumps({
+        "benchmark": "corpus_read",
+        "documents": args.documents, "tokens": total, "same_tokens_everywhere": counts == {total},
+        "repeats": args.repeats, "python": sys.version.split()[0],
+        "machine": platform.machine(), **results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
