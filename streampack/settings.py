@@ -381,14 +381,31 @@ def build(
     return cls(**values)
 
 
+#: Settings an environment variable may give, above the TOML file and below the flag: a
+#: container spec sets them once for every process (and a key in a Secret stays off the
+#: command line). An empty value counts as unset.
+FIELD_ENV = {"curve_server_key": "STREAMPACK_CURVE_SERVER_KEY"}
+
+
+def env_default(field: str) -> str | None:
+    """The value the environment gives setting ``field`` (see ``FIELD_ENV``), or None."""
+    return (os.environ.get(FIELD_ENV[field]) or None) if field in FIELD_ENV else None
+
+
 def add_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
-    """Add one ``--flag`` per setting of ``cls``; the default is None (= not given)."""
+    """Add one ``--flag`` per setting of ``cls``; the default is None (= not given), or
+    what the environment gives (``FIELD_ENV``)."""
     for field in dataclasses.fields(cls):
         if field.name in skip:
             continue
         flag = "--" + field.name.replace("_", "-")
         default = field.default
         help_text = f"{FIELD_HELP.get(field.name, '')} (default: {default})"
+        if field.name in FIELD_ENV:
+            help_text += f"; the environment variable {FIELD_ENV[field.name]} may give it"
+            parser.add_argument(flag, dest=field.name, default=env_default(field.name),
+                                help=help_text)
+            continue
         if field.type in ("bool", bool):
             parser.add_argument(
                 flag, dest=field.name, default=None, action=argparse.BooleanOptionalAction,

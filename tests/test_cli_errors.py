@@ -3,6 +3,7 @@ is accepted; a non-zero exit; no traceback. Bugs (``InternalError``) keep theirs
 
 from __future__ import annotations
 
+import argparse
 import re
 import socket as pysocket
 import subprocess
@@ -15,7 +16,13 @@ import zmq
 from _service import FIXTURE, ROOT, command, env
 
 from streampack import InternalError, InvalidConfig, wire
-from streampack.settings import check_curve_key, check_endpoint
+from streampack.settings import (
+    ConsumerSettings,
+    add_flags,
+    check_curve_key,
+    check_endpoint,
+    from_args,
+)
 
 # A CURVE key pair whose public key begins with "-" (as about 1 in 80 generated ones
 # does), which argparse would take for an option.
@@ -302,3 +309,26 @@ def test_serve_gives_up_on_workers_that_cannot_start(tmp_path):
     assert lines == ["worker: cannot start"] * 5 + [
         "streampack serve: error: worker 0 exited 5 times in a row within 10s of starting "
         "(last exit status 3); giving up: see the worker's error above"]
+
+
+@pytest.mark.parametrize("name", ["worker", "consume", "health"])
+def test_the_server_key_may_come_from_the_environment(name):
+    """STREAMPACK_CURVE_SERVER_KEY gives the key (a bad one here: its refusal shows it
+    was read)."""
+    environment = env() | {"STREAMPACK_CURVE_SERVER_KEY": NOT_Z85}
+    argv = command(name) if name == "worker" else command(name, "--timeout", "1")
+    run = subprocess.run(argv, cwd=ROOT, env=environment, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.startswith(f"streampack {name}: error: curve_server_key = "
+                                 f"'{NOT_Z85}' is not a CURVE public key")
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", None), (DASH_PUBLIC, DASH_PUBLIC)])
+def test_an_empty_environment_key_is_no_key(monkeypatch, value, expected):
+    monkeypatch.setenv("STREAMPACK_CURVE_SERVER_KEY", value)
+    parser = argparse.ArgumentParser()
+    add_flags(parser, ConsumerSettings)
+    assert from_args(ConsumerSettings, parser.parse_args([])).curve_server_key == expected
+    assert from_args(ConsumerSettings, parser.parse_args(
+        ["--curve-server-key", "0" * 40])).curve_server_key == "0" * 40  # the flag wins

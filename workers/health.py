@@ -14,7 +14,13 @@ import zmq
 
 from streampack import wire
 from streampack.errors import ProtocolError
-from streampack.settings import check_curve_key, check_endpoint, check_number
+from streampack.settings import (
+    FIELD_ENV,
+    check_curve_key,
+    check_endpoint,
+    check_number,
+    env_default,
+)
 
 
 def check(endpoint: str, timeout: float, curve_server_key: str | None = None) -> dict | None:
@@ -46,8 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the producer's consumer endpoint (default: tcp://127.0.0.1:5556)")
     parser.add_argument("--timeout", type=float, default=5.0,
                         help="seconds to wait for an answer (default: 5)")
-    parser.add_argument("--curve-server-key", default=None,
-                        help="the producer's Z85 CURVE public key, when it uses CURVE")
+    parser.add_argument("--curve-server-key", default=env_default("curve_server_key"),
+                        help="the producer's Z85 CURVE public key, when it uses CURVE (or "
+                        f"the environment variable {FIELD_ENV['curve_server_key']})")
 
 
 def main(args: argparse.Namespace) -> int:
