@@ -194,3 +194,35 @@ def test_inspect_of_a_broken_corpus_is_one_line(tmp_path):
     done = run("corpus", "inspect", str(manifest(tmp_path, megatron=["d"])))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "d.idx' is truncated" in done.stderr
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_build_shows_progress_on_a_terminal_only_without_quiet(tmp_path, quiet):
+    import os
+    import pty
+
+    tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
+    (tmp_path / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    controller, terminal = pty.openpty()
+    done = subprocess.run(
+        [sys.executable, "-m", "streampack.cli", "corpus", "build", "--from",
+         str(tmp_path / "text.jsonl"), "--tokenizer", str(tokenizer), "--out",
+         str(tmp_path / "out"), *(["--quiet"] if quiet else [])],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=terminal, timeout=120)
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the terminal's other end is closed: all read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(controller)
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["documents"] == len(TEXTS)  # stdout: the result only
+    if quiet:
+        assert shown == b""
+    else:
+        assert f"corpus build: {len(TEXTS)} documents".encode() in shown
