@@ -121,7 +121,7 @@ def _rng(seed: int, epoch: int) -> np.random.Generator:
 
 def permutation(num_documents: int, seed: int, epoch: int) -> np.ndarray:
     """The document order of a shuffled epoch: a function of (seed, epoch) only."""
-    return _rng(seed, epoch).permutation(num_documents).astype(np.int64, copy=False)
+    return _rng(seed, epoch).permutation(num_documents).astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -403,7 +403,7 @@ def _screen(
         source_id=source_ids.astype(np.int64, copy=False),
         example_id=example_ids.astype(np.int64, copy=False),
         quarantined=quarantined,
-        source_index=source_index,  # type: ignore[arg-type]  # None: __post_init__ fills it
+        source_index=np.zeros(len(starts), np.int32) if source_index is None else source_index,
         documents_split=documents_split,
         pairs_cut=pairs_cut,
     )
