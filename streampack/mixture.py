@@ -167,6 +167,46 @@ def epoch_order(
     return source, document
 
 
+class EpochOrder:
+    """The document ids of one mixture epoch as a sequence sliced in order, without
+    holding the whole epoch: ``order[lo:hi]`` works out steps ``lo..hi-1`` from the
+    schedule. A shuffled source keeps the permutation of its current cycle (8 bytes per
+    document of the source, as a shuffled single corpus does)."""
+
+    def __init__(self, schedule: Schedule, sizes: Sequence[int], stopping: str,
+                 first: np.ndarray, *, shuffle: bool, seed: int, epoch: int) -> None:
+        self.schedule, self.sizes, self.first = schedule, list(sizes), first
+        self.shuffle, self.seed, self.epoch = shuffle, seed, epoch
+        self.length = schedule.epoch_length(sizes, stopping)
+        self._permutations: dict[int, tuple[int, np.ndarray]] = {}  # source -> cycle, order
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _order(self, source: int, cycle: int) -> np.ndarray:
+        held = self._permutations.get(source)
+        if held is None or held[0] != cycle:
+            held = (cycle, permutation(self.sizes[source], self.seed, self.epoch, source, cycle))
+            self._permutations[source] = held
+        return held[1]
+
+    def __getitem__(self, steps: slice) -> np.ndarray:
+        lo, hi, stride = steps.indices(self.length)
+        if stride != 1:
+            raise IndexError("an epoch order is read in slices of consecutive steps")
+        source, pick = self.schedule.picks(lo, max(lo, hi))
+        ids = np.empty(len(source), np.int64)
+        for k in np.unique(source).tolist():
+            mine = np.flatnonzero(source == k)
+            cycle, within = np.divmod(pick[mine], self.sizes[k])
+            if self.shuffle:
+                for c in np.unique(cycle).tolist():
+                    in_cycle = cycle == c
+                    within[in_cycle] = self._order(k, c)[within[in_cycle]]
+            ids[mine] = self.first[k] + within
+        return ids
+
+
 # --- long documents -------------------------------------------------------------------
 
 LONG_DOCUMENTS = ("quarantine", "split")
@@ -258,11 +298,11 @@ class MixtureReader:
         """bool: whether each document's source splits long documents."""
         return self._split[self.source_index(ids)]
 
-    def epoch_order(self, epoch: int, shuffle: bool, seed: int) -> np.ndarray:
-        """The document ids an epoch visits, in order (see module doc)."""
-        source, document = epoch_order(self.schedule, self.sizes, self.stopping,
-                                       shuffle=shuffle, seed=seed, epoch=epoch)
-        return self._first[source] + document
+    def epoch_order(self, epoch: int, shuffle: bool, seed: int) -> EpochOrder:
+        """The document ids an epoch visits, in order (see module doc), worked out a
+        slice at a time."""
+        return EpochOrder(self.schedule, self.sizes, self.stopping, self._first,
+                          shuffle=shuffle, seed=seed, epoch=epoch)
 
     def lengths(self, ids: np.ndarray) -> np.ndarray:
         out = np.empty(len(ids), np.int64)

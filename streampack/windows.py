@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from streampack.corpus.reader import RandomAccessReader, Reader, Record, SequentialReader
-from streampack.mixture import MixtureReader, split_ranges
+from streampack.mixture import EpochOrder, MixtureReader, split_ranges
 from streampack.wire import token_dtype
 
 REASONS = (
@@ -154,7 +154,7 @@ def _cut(lengths: np.ndarray, spec: CutSpec) -> int:
 
 
 def _window_lengths(
-    source: RandomAccessReader, order: np.ndarray | None, position: int, end: int,
+    source: RandomAccessReader, order: np.ndarray | EpochOrder | None, position: int, end: int,
     window_tokens: int, first_chunk: int = 256,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Ids and lengths of documents ``position..end`` of the epoch's order, read in
@@ -189,7 +189,8 @@ def _random_access_windows(
     source: RandomAccessReader, epoch: int, spec: CutSpec, start_window: int
 ) -> Iterator[Window]:
     if isinstance(source, MixtureReader):
-        order: np.ndarray | None = source.epoch_order(epoch, spec.shuffle, spec.seed)
+        order: np.ndarray | EpochOrder | None = source.epoch_order(epoch, spec.shuffle,
+                                                                   spec.seed)
     else:
         order = permutation(source.num_documents, spec.seed, epoch) if spec.shuffle else None
     n = source.num_documents if order is None else len(order)
