@@ -16,7 +16,7 @@ from _service import Service, consume, expected, result
 from streampack.client import BatchStream
 from streampack.corpus import open_corpus
 from streampack.errors import InvalidConfig
-from streampack.mixture import Schedule
+from streampack.mixture import Schedule, epoch_order
 from streampack.windows import CutSpec, iter_windows
 
 BINDING = {"vocab_size": 512, "tokenizer": "test", "split_receipt": "mix", "partition": "train"}
@@ -71,7 +71,12 @@ def test_a_3_to_1_mixture_visits_exactly_the_schedule(mixture):
     assert [s for s, _ in got] == picks.tolist()
     assert np.bincount([s for s, _ in got]).tolist() == [30, 10]
     ids = np.array([i for _, i in got])
-    assert ids.tolist() == reader.epoch_order(0, True, 7).tolist()
+    order = reader.epoch_order(0, True, 7)
+    assert ids.tolist() == order[0:len(order)].tolist()
+    assert np.concatenate([order[0:7], order[7:19], order[19:40]]).tolist() == ids.tolist()
+    source, document = epoch_order(Schedule.of([3, 1]), [30, 20], "first_exhausted",
+                                   shuffle=True, seed=7, epoch=0)
+    assert ids.tolist() == (source * 30 + document).tolist()
     assert sorted(ids[ids < 30].tolist()) == list(range(30))  # all of A, once
     assert len(set(ids[ids >= 30].tolist())) == 10  # ten of B, no repeat
     assert [s for s, i in got] == [int(i >= 30) for _, i in got]
@@ -189,3 +194,4 @@ def test_long_documents_are_quarantined_unless_split(long_corpus, tmp_path):
     assert [q["source_id"] for q in window.quarantined] == [1, 3, 5, 6]
     assert {q["reason"] for q in window.quarantined} == {"too_long"}
     assert (window.documents_split, window.pairs_cut) == (0, 0)
+
