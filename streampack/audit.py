@@ -13,6 +13,12 @@ shift inside an isolated segment. The separate runs are rebuilt from the batch's
 input cells (plus each occurrence's last target) unless the caller passes the
 ``Examples`` the batch was packed from, in which case the tokens are checked too.
 
+Two jobs live here, both on the decoder's internal API (``Cells``,
+``Decoder.loss_and_logits`` and friends in :mod:`streampack.decoder`): ``audit``, the
+runtime check of one batch that pack workers run, and ``compare_executions``, the
+three-way comparison (separate, padded, packed) of the equivalence suite, which
+:mod:`streampack.trace` formats for ``streampack trace``.
+
 The decoder profiles accept short examples only (``max_positions`` 4 or 16), so longer
 occurrences are cropped to a prefix *for the audit only*: each row is rebuilt from its
 occurrences' first ``max_positions`` cells, laid side by side in the original order,
@@ -25,18 +31,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .decoder import Decoder, DecoderConfig, LossAndGrad, _Cells, _sum_parts
+from .batch import PAD_CELL, PackedBatch
+from .decoder import Cells, Decoder, DecoderConfig, LossAndGrad, sum_parts
 from .errors import InvalidArray
 from .examples import Examples
 
-if TYPE_CHECKING:
-    from .batch import PackedBatch
-
-_PAD_CELL = -1
 _ABS_TOL = 1e-10
 _REL_TOL = 1e-9
 
@@ -170,7 +173,7 @@ def _occurrence_sequences(batch: Any, examples: Any = None) -> list[np.ndarray]:
     return sequences
 
 
-def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[_Cells, list[tuple[int, int, int]]]:
+def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[Cells, list[tuple[int, int, int]]]:
     """Rows rebuilt from each occurrence's first ``keep[j]`` cells, side by side.
 
     Returns the cells and, per occurrence, ``(row, new_start, kept)``. Everything but the
@@ -184,8 +187,8 @@ def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[_Cells, list[tuple[int
     widths = np.zeros(rows, np.int64)
     np.add.at(widths, occ["row"].astype(np.int64), keep)
     cap = max(int(widths.max()) if rows else 0, 1)
-    inputs = np.full((rows, cap), -1, np.int64)
-    targets = np.full((rows, cap), -1, np.int64)
+    inputs = np.full((rows, cap), PAD_CELL, np.int64)
+    targets = np.full((rows, cap), PAD_CELL, np.int64)
     positions = np.zeros((rows, cap), np.int64)
     starts = np.full((rows, cap), -1, np.int32)
     eligible = np.zeros((rows, cap), bool)
@@ -207,7 +210,7 @@ def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[_Cells, list[tuple[int
         fill[row] += n
         placed.append((int(j), row, new))
     order = {j: (row, new, int(keep[j])) for j, row, new in placed}
-    cells = _Cells(
+    cells = Cells(
         inputs=inputs,
         targets=targets,
         positions=positions,
@@ -221,10 +224,10 @@ def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[_Cells, list[tuple[int
 def _relabel(tokens: np.ndarray, seen: np.ndarray) -> np.ndarray:
     """``seen[i]`` becomes ``i``; PAD_CELL stays PAD_CELL."""
     out = np.searchsorted(seen, tokens)
-    return np.where(tokens == _PAD_CELL, _PAD_CELL, out)
+    return np.where(tokens == PAD_CELL, PAD_CELL, out)
 
 
-def _alone_by_length(sequences: list[np.ndarray]) -> list[tuple[list[int], _Cells]]:
+def _alone_by_length(sequences: list[np.ndarray]) -> list[tuple[list[int], Cells]]:
     """Separate execution, with equal-length occurrences stacked as rows of one call.
 
     Rows never interact (attention stays inside a row, everything else is per cell),
@@ -242,7 +245,7 @@ def _alone_by_length(sequences: list[np.ndarray]) -> list[tuple[list[int], _Cell
         layouts.append(
             (
                 members,
-                _Cells(
+                Cells(
                     inputs=stacked[:, :-1].copy(),
                     targets=stacked[:, 1:].copy(),
                     positions=np.broadcast_to(np.arange(length), (rows, length)).copy(),
@@ -332,7 +335,7 @@ def audit(
     sources = _occurrence_sequences(batch, examples)
     sequences = [seq[: int(k) + 1] for seq, k in zip(sources, keep, strict=True)]
     seen = np.unique(np.concatenate([cells.inputs.ravel(), cells.targets.ravel(), *sequences]))
-    seen = seen[seen != _PAD_CELL]
+    seen = seen[seen != PAD_CELL]
     outside = seen[(seen < 0) | (seen >= vocab)]
     if outside.size:
         return AuditReport(
@@ -359,15 +362,13 @@ def audit(
     comparison.failures += len(comparison.notes)
     # Logits stay in the eligible-cells-only form the forward pass makes ([N, V]):
     # no [rows, capacity, V] array is built, which matters for large vocabularies.
-    loss, count, back, trace = decoder._loss_and_backward(cells, device=device)
-    packed = LossAndGrad(loss, count, back.grads)
-    del back
+    packed, logits = decoder.loss_and_logits(cells, device=device)
     eligible_index = np.full(cells.shape, -1, np.int64)
-    eligible_index[cells.eligible] = np.arange(count)
+    eligible_index[cells.eligible] = np.arange(packed.count)
     parts = []
     for members, alone in _alone_by_length(sequences):
-        loss_g, count_g, back_g, trace_g = decoder._loss_and_backward(alone)
-        parts.append(LossAndGrad(loss_g, count_g, back_g.grads))
+        part, logits_alone = decoder.loss_and_logits(alone)
+        parts.append(part)
         length = alone.shape[1]
         for i, j in enumerate(members):
             row, new, n = placement[j]
@@ -378,9 +379,9 @@ def audit(
                 missing = int(np.sum(index < 0))
                 comparison.notes.append(f"{what}: {missing} cells not loss-eligible")
                 continue
-            own = trace_g.logits[i * length : (i + 1) * length]
-            comparison.add_logits(trace.logits[index], own, what)
-    comparison.add_loss(packed, _sum_parts(parts))
+            own = logits_alone[i * length : (i + 1) * length]
+            comparison.add_logits(logits[index], own, what)
+    comparison.add_loss(packed, sum_parts(parts))
     return AuditReport(
         passed=comparison.passed,
         max_logit_diff=comparison.max_logit_diff,
@@ -396,7 +397,7 @@ def audit(
 
 
 # ---------------------------------------------------------------------------------------
-# Full three-way comparison (equivalence suite and trace)
+# Full three-way comparison (the equivalence suite; streampack.trace formats it)
 # ---------------------------------------------------------------------------------------
 
 
@@ -450,16 +451,16 @@ def compare_executions(
     """
     occ = batch.occurrences
     subset = select_examples(examples, occ["ordinal"])
-    alone = [decoder._evaluate(cells) for cells in decoder._cells_separate(subset)]
+    alone = [decoder.evaluate(cells) for cells in decoder.cells_separate(subset)]
     separate_logits = [logits[0] for logits, _ in alone]
-    separate = _sum_parts([result for _, result in alone])
-    packed_cells = decoder._cells_from_batch(batch)
+    separate = sum_parts([result for _, result in alone])
+    packed_cells = decoder.cells_from_batch(batch)
     runs = {
-        "packed": (decoder._evaluate(packed_cells, device=device), True),
-        "padded": (decoder._evaluate(decoder._cells_padded(subset)), False),
+        "packed": (decoder.evaluate(packed_cells, device=device), True),
+        "padded": (decoder.evaluate(decoder.cells_padded(subset)), False),
     }
     if _with_causal_prefix:
-        widened = decoder._evaluate(packed_cells, device=device, causal_prefix=True)
+        widened = decoder.evaluate(packed_cells, device=device, causal_prefix=True)
         runs["packed_causal_prefix"] = (widened, True)
 
     comparisons: dict[str, Comparison] = {}
@@ -482,69 +483,3 @@ def compare_executions(
         loss_sums={"separate": separate.loss_sum}
         | {name: result.loss_sum for name, ((_, result), _) in runs.items()},
     )
-
-
-TRACE_DECIMALS = 6
-DIFF_DECIMALS = 12
-
-
-def decoder_trace(
-    examples: Examples,
-    batch: PackedBatch,
-    *,
-    config: DecoderConfig | None = None,
-    seed: int = 42,
-) -> dict[str, Any]:
-    """The ``decoder`` section of ``streampack trace`` for one packed batch.
-
-    Runs the large profile (seed 42) separately, padded and packed over the batch's
-    occurrences and reports the three loss sums, how many values each comparison
-    checked, the largest differences (rounded to 12 decimals, as the exact figures
-    depend on the BLAS summation order) and the attention bookkeeping: storage cells,
-    dense score positions per head, permitted edges and the share of valid cells.
-    """
-    config = config or DecoderConfig.large(vocab_size=int(batch.binding.vocab_size))
-    decoder = Decoder.init(config, seed)
-    result = compare_executions(decoder, examples, batch)
-    sums = result.loss_sums
-    vs_packed = result.packed_vs_separate
-    vs_padded = result.padded_vs_separate
-    stats = batch.stats()
-    comparisons = [vs_packed, vs_padded]
-    return {
-        "profile": {
-            "vocab_size": config.vocab_size,
-            "width": config.width,
-            "heads": config.heads,
-            "ff_width": config.ff_width,
-            "layers": config.layers,
-            "max_positions": config.max_positions,
-            "parameters": config.parameter_count(),
-            "seed": seed,
-        },
-        "loss_sums": {name: round(value, TRACE_DECIMALS) for name, value in sums.items()},
-        "targets": int(np.count_nonzero(batch.loss_mask)),
-        "comparisons": {
-            "logits_per_comparison": vs_packed.logits,
-            "gradient_coordinates_per_comparison": vs_packed.gradient_coordinates,
-            "logits_total": sum(c.logits for c in comparisons),
-            "gradient_coordinates_total": sum(c.gradient_coordinates for c in comparisons),
-        },
-        "max_abs_diff": {
-            name: {
-                "logits": round(c.max_logit_diff, DIFF_DECIMALS),
-                "loss": round(c.max_loss_diff, DIFF_DECIMALS),
-                "gradients": round(c.max_grad_diff, DIFF_DECIMALS),
-            }
-            for name, c in (("packed_vs_separate", vs_packed), ("padded_vs_separate", vs_padded))
-        },
-        "passed": all(c.passed for c in comparisons),
-        "attention_counts": {
-            "cells": stats["cells"],
-            "valid_cells": stats["valid_cells"],
-            "dense_score_positions_per_head": stats["dense_score_positions"],
-            "permitted_edges": stats["permitted_edges"],
-            "valid_density": round(stats["valid_density"], TRACE_DECIMALS),
-            "edge_density": round(stats["edge_density"], TRACE_DECIMALS),
-        },
-    }

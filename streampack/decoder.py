@@ -37,25 +37,28 @@ convention (first half and second half of each head). Scores are scaled by
 equivalence tests are tests of those kernels too. There is no autograd framework:
 the backward pass is written out below, layer by layer, and checked against finite
 differences in the tests.
+
+Besides the public methods (``forward_*``, ``loss_and_grad_*``), the module has an
+internal API that ``streampack.audit`` and the isolation tests build on, and that
+this module owns: ``Cells`` (the layout every execution mode reduces to), the
+``Decoder.cells_*`` builders, ``Decoder.evaluate``, ``Decoder.loss_and_logits``,
+``Decoder.loss_and_backward`` (the full ``Trace``/``Backward`` record) and
+``sum_parts``. None of it is exported from ``streampack``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from .batch import PAD_CELL, PackedBatch
 from .errors import BindingMismatch, InvalidConfig, InvalidExample
+from .examples import Examples
 from .kernels.attention import range_attention, range_attention_backward
 
-if TYPE_CHECKING:
-    from .batch import PackedBatch
-    from .examples import Examples
-
-#: Matches ``streampack.PAD_CELL``; repeated so this module imports without the packer.
-_PAD_CELL = -1
 _RMS_EPS = 1e-6
 _ROPE_BASE = 10000.0
 
@@ -169,7 +172,7 @@ class LossAndGrad(NamedTuple):
 
 
 @dataclass
-class _Cells:
+class Cells:
     """Rows of cells with the metadata attention and loss need.
 
     ``segment_starts[r, q]`` and ``valid_lengths[r]`` are exactly what the kernels take:
@@ -189,10 +192,10 @@ class _Cells:
 
 
 @dataclass
-class _Trace:
+class Trace:
     """What the forward pass keeps for the backward pass."""
 
-    cells: _Cells
+    cells: Cells
     layers: list[dict[str, np.ndarray]]
     h_final: np.ndarray
     r_final: np.ndarray
@@ -203,7 +206,7 @@ class _Trace:
 
 
 @dataclass
-class _Backward:
+class Backward:
     """Gradients of one backward pass.
 
     ``residual[i]`` is d(loss)/d(residual stream entering layer i) (``residual[0]`` is
@@ -216,10 +219,10 @@ class _Backward:
     attention: list[dict[str, np.ndarray]]
 
 
-def _single_cells(selected: np.ndarray) -> _Cells:
+def _single_cells(selected: np.ndarray) -> Cells:
     """A one-row layout of one example's selected tokens, positions 0..L-1."""
     length = selected.size - 1
-    return _Cells(
+    return Cells(
         inputs=selected[None, :-1].copy(),
         targets=selected[None, 1:].copy(),
         positions=np.arange(length, dtype=np.int64)[None, :],
@@ -229,7 +232,7 @@ def _single_cells(selected: np.ndarray) -> _Cells:
     )
 
 
-def _sum_parts(parts: list[LossAndGrad]) -> LossAndGrad:
+def sum_parts(parts: list[LossAndGrad]) -> LossAndGrad:
     """Loss sums, counts and gradients added up (separate execution of several examples)."""
     grads = {name: np.zeros_like(value) for name, value in parts[0].grads.items()}
     for part in parts:
@@ -375,21 +378,21 @@ class Decoder:
 
         The NaN is deliberate: a loss that reads an ineligible cell fails loudly.
         """
-        cells = self._cells_from_batch(batch)
+        cells = self.cells_from_batch(batch)
         trace = self._forward(cells, device=device)
         return self._scatter(cells, trace)
 
     def forward_separate(self, examples: Examples, device: str = "cpu") -> list[np.ndarray]:
         """One ``[prediction_length, V]`` array per example, each run alone."""
         out = []
-        for cells in self._cells_separate(examples):
+        for cells in self.cells_separate(examples):
             trace = self._forward(cells, device=device)
             out.append(self._scatter(cells, trace)[0])
         return out
 
     def forward_padded(self, examples: Examples, device: str = "cpu") -> np.ndarray:
         """Logits ``[examples, max_length, V]``, one example per row, NaN on padding."""
-        cells = self._cells_padded(examples)
+        cells = self.cells_padded(examples)
         return self._scatter(cells, self._forward(cells, device=device))
 
     def loss_and_grad_packed(self, batch: PackedBatch, device: str = "cpu") -> LossAndGrad:
@@ -398,20 +401,20 @@ class Decoder:
         A sum, not the token mean of rule C7, so that it can be compared with the sum
         of the examples' separate losses; divide both by ``count`` for the mean.
         """
-        return self._loss_and_grad(self._cells_from_batch(batch), device=device)
+        return self._loss_and_grad(self.cells_from_batch(batch), device=device)
 
     def loss_and_grad_separate(self, examples: Examples, device: str = "cpu") -> LossAndGrad:
         """Sum of every example's own loss and gradient, each computed alone."""
-        return self._sum_loss_and_grad(self._cells_separate(examples), device=device)
+        return self._sum_loss_and_grad(self.cells_separate(examples), device=device)
 
     def loss_and_grad_padded(self, examples: Examples, device: str = "cpu") -> LossAndGrad:
         """As :meth:`loss_and_grad_packed`, one example per right-padded row."""
-        return self._loss_and_grad(self._cells_padded(examples), device=device)
+        return self._loss_and_grad(self.cells_padded(examples), device=device)
 
-    # -- layouts ----------------------------------------------------------------------
+    # -- layouts (internal API: cells_separate, cells_padded, cells_from_batch) -------
 
     def _check_tokens(self, tokens: np.ndarray, what: str) -> None:
-        real = tokens[tokens != _PAD_CELL]
+        real = tokens[tokens != PAD_CELL]
         if real.size and (real.min() < 0 or real.max() >= self.config.vocab_size):
             bad = int(real[(real < 0) | (real >= self.config.vocab_size)][0])
             raise InvalidExample(
@@ -438,24 +441,24 @@ class Decoder:
             sequences.append(selected)
         return sequences
 
-    def _cells_separate(self, examples: Examples) -> list[_Cells]:
+    def cells_separate(self, examples: Examples) -> list[Cells]:
         """One single-row layout per example, exactly as wide as its prediction length."""
         return [_single_cells(selected) for selected in self._example_sequences(examples)]
 
-    def _cells_padded(self, examples: Examples) -> _Cells:
+    def cells_padded(self, examples: Examples) -> Cells:
         """One example per row from column 0, right-padded to the longest."""
         sequences = self._example_sequences(examples)
         if not sequences:
             raise InvalidExample("no examples to run; accepted: at least one example")
         lengths = np.array([s.size - 1 for s in sequences], dtype=np.int32)
         rows, cap = len(sequences), int(lengths.max())
-        inputs = np.full((rows, cap), _PAD_CELL, dtype=np.int64)
-        targets = np.full((rows, cap), _PAD_CELL, dtype=np.int64)
+        inputs = np.full((rows, cap), PAD_CELL, dtype=np.int64)
+        targets = np.full((rows, cap), PAD_CELL, dtype=np.int64)
         for r, selected in enumerate(sequences):
             inputs[r, : lengths[r]] = selected[:-1]
             targets[r, : lengths[r]] = selected[1:]
         valid = np.arange(cap)[None, :] < lengths[:, None]
-        return _Cells(
+        return Cells(
             inputs=inputs,
             targets=targets,
             positions=np.where(valid, np.arange(cap)[None, :], 0),
@@ -464,7 +467,7 @@ class Decoder:
             eligible=valid,
         )
 
-    def _cells_from_batch(self, batch: PackedBatch) -> _Cells:
+    def cells_from_batch(self, batch: PackedBatch) -> Cells:
         """The batch's own arrays, unchanged, so any layout mistake reaches the results."""
         if batch.binding.vocab_size != self.config.vocab_size:
             raise BindingMismatch(
@@ -486,8 +489,8 @@ class Decoder:
         self._check_tokens(inputs, "batch inputs")
         eligible = np.asarray(batch.loss_mask, dtype=bool)
         targets = np.asarray(batch.targets, dtype=np.int64)
-        self._check_tokens(np.where(eligible, targets, _PAD_CELL), "batch targets")
-        return _Cells(
+        self._check_tokens(np.where(eligible, targets, PAD_CELL), "batch targets")
+        return Cells(
             inputs=inputs,
             targets=targets,
             positions=np.asarray(batch.positions, dtype=np.int64),
@@ -496,7 +499,7 @@ class Decoder:
             eligible=eligible,
         )
 
-    def _scatter(self, cells: _Cells, trace: _Trace) -> np.ndarray:
+    def _scatter(self, cells: Cells, trace: Trace) -> np.ndarray:
         rows, cap = cells.shape
         out = np.full((rows, cap, self.config.vocab_size), np.nan)
         out[cells.eligible] = trace.logits
@@ -506,12 +509,12 @@ class Decoder:
 
     def _forward(
         self,
-        cells: _Cells,
+        cells: Cells,
         *,
         device: str = "cpu",
         causal_prefix: bool | frozenset[int] = False,
         perturb: dict[int, np.ndarray] | None = None,
-    ) -> _Trace:
+    ) -> Trace:
         """Run the decoder over ``cells``; logits only on loss-eligible cells.
 
         ``causal_prefix`` and ``perturb`` exist for the isolation tests only.
@@ -525,7 +528,7 @@ class Decoder:
         p = self._params
         rows, cap = cells.shape
         layers: list[dict[str, np.ndarray]] = []
-        in_row = cells.inputs != _PAD_CELL
+        in_row = cells.inputs != PAD_CELL
         h = np.zeros((rows, cap, cfg.width))
         h[in_row] = p["embedding"][cells.inputs[in_row]]
         cos, sin = _rope_tables(cells.positions, cfg.head_dim)
@@ -565,14 +568,14 @@ class Decoder:
             h = h + perturb[cfg.layers]
         z, r_final = _rms_forward(h, p["final_norm"])
         z_eligible = z[cells.eligible]
-        return _Trace(
+        return Trace(
             cells=cells, layers=layers, h_final=h, r_final=r_final, z_eligible=z_eligible,
             logits=z_eligible @ p["embedding"].T, cos=cos, sin=sin,
         )
 
     # -- backward ---------------------------------------------------------------------
 
-    def _backward(self, trace: _Trace, d_logits: np.ndarray, *, device: str = "cpu") -> _Backward:
+    def _backward(self, trace: Trace, d_logits: np.ndarray, *, device: str = "cpu") -> Backward:
         """Hand-written reverse pass; ``d_logits`` is [N, V] over the eligible cells."""
         cfg = self.config
         p = self._params
@@ -633,31 +636,41 @@ class Decoder:
             )
             dh = dh + dx
             residual.append(dh)
-        in_row = cells.inputs != _PAD_CELL
+        in_row = cells.inputs != PAD_CELL
         np.add.at(d_embedding, cells.inputs[in_row], dh[in_row])
         grads["embedding"] = d_embedding
         residual.reverse()
         attention.reverse()
         ordered = {name: grads[name] for name in cfg.parameter_shapes()}
-        return _Backward(grads=ordered, residual=residual, attention=attention)
+        return Backward(grads=ordered, residual=residual, attention=attention)
 
-    def _sum_loss_and_grad(self, layouts: list[_Cells], *, device: str = "cpu") -> LossAndGrad:
-        return _sum_parts([self._loss_and_grad(cells, device=device) for cells in layouts])
+    def _sum_loss_and_grad(self, layouts: list[Cells], *, device: str = "cpu") -> LossAndGrad:
+        return sum_parts([self._loss_and_grad(cells, device=device) for cells in layouts])
 
-    def _evaluate(
-        self, cells: _Cells, *, device: str = "cpu", **forward: Any
+    # -- running cells (internal API: evaluate, loss_and_logits, loss_and_backward) ----
+
+    def evaluate(
+        self, cells: Cells, *, device: str = "cpu", **forward: Any
     ) -> tuple[np.ndarray, LossAndGrad]:
         """Logits (NaN off the loss mask) and loss with gradients, from one forward pass."""
-        loss, count, back, trace = self._loss_and_backward(cells, device=device, **forward)
+        loss, count, back, trace = self.loss_and_backward(cells, device=device, **forward)
         return self._scatter(cells, trace), LossAndGrad(loss, count, back.grads)
 
-    def _loss_and_grad(self, cells: _Cells, *, device: str = "cpu", **forward: Any) -> LossAndGrad:
-        loss, count, back, _ = self._loss_and_backward(cells, device=device, **forward)
+    def loss_and_logits(
+        self, cells: Cells, *, device: str = "cpu"
+    ) -> tuple[LossAndGrad, np.ndarray]:
+        """Loss with gradients, and the logits of the eligible cells only ([N, V] in
+        row-major cell order: no [rows, capacity, V] array for a large vocabulary)."""
+        loss, count, back, trace = self.loss_and_backward(cells, device=device)
+        return LossAndGrad(loss, count, back.grads), trace.logits
+
+    def _loss_and_grad(self, cells: Cells, *, device: str = "cpu", **forward: Any) -> LossAndGrad:
+        loss, count, back, _ = self.loss_and_backward(cells, device=device, **forward)
         return LossAndGrad(loss, count, back.grads)
 
-    def _loss_and_backward(
-        self, cells: _Cells, *, device: str = "cpu", **forward: Any
-    ) -> tuple[float, int, _Backward, _Trace]:
+    def loss_and_backward(
+        self, cells: Cells, *, device: str = "cpu", **forward: Any
+    ) -> tuple[float, int, Backward, Trace]:
         """Raw loss sum over eligible cells, with the full backward record."""
         trace = self._forward(cells, device=device, **forward)
         targets = cells.targets[cells.eligible]

@@ -20,8 +20,9 @@ from _decoder_cases import (
 )
 
 import streampack as sp
-from streampack.audit import compare_executions, decoder_trace
+from streampack.audit import compare_executions
 from streampack.decoder import Decoder
+from streampack.trace import decoder_trace
 
 SEEDS = range(100)
 

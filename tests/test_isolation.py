@@ -34,7 +34,7 @@ NOT_B = A_COLUMNS + ROW0_PADDING
 
 
 def _b_only_cells(decoder, batch, columns=B_COLUMNS):
-    cells = decoder._cells_from_batch(batch)
+    cells = decoder.cells_from_batch(batch)
     cells.eligible = np.zeros_like(cells.eligible)
     cells.eligible[0, columns] = True
     return cells
@@ -59,7 +59,7 @@ def _within(a, b) -> bool:
 
 
 def _run(decoder, cells, **forward):
-    loss, count, back, trace = decoder._loss_and_backward(cells, **forward)
+    loss, count, back, trace = decoder.loss_and_backward(cells, **forward)
     return loss, back, trace
 
 

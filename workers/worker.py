@@ -28,7 +28,6 @@ is bounded by ``window_tokens`` and packs in milliseconds.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -100,14 +99,10 @@ class Worker:
 
             self.metrics = WorkerMetrics(self.counters)
         if settings.audit_every:
-            try:
-                audit_module = importlib.import_module("streampack.audit")
-            except ImportError as exc:
-                raise StreampackError(
-                    f"--audit-every {settings.audit_every} needs streampack.audit, which is "
-                    f"unavailable in this installation: {exc}"
-                ) from None
-            self._audit_fn = audit_module.audit
+            # Imported only by workers that audit: the decoder is not needed to pack.
+            from streampack.audit import audit
+
+            self._audit_fn = audit
 
     def _send(self, socket: zmq.Socket, kind: str, fields: dict[str, Any],
               arrays: dict[str, Any] | None = None) -> None:

@@ -53,7 +53,7 @@ def _write_padding(
     r, column, inputs, targets, segments, positions, input_valid, target_valid, loss_mask,
     segment_starts,
 ):  # pragma: no cover - compiled
-    """Cells ``column ..`` of row ``r``: padding (rule C7)."""
+    """Cells ``column ..`` of row ``r``: padding (rule C5)."""
     for c in range(column, inputs.shape[1]):
         inputs[r, c] = -1
         targets[r, c] = -1
