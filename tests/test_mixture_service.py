@@ -91,15 +91,16 @@ def drain(endpoint, out):
 @pytest.mark.parametrize("workers", [1, 3])
 def test_a_mixture_streams_the_same_for_any_number_of_workers(mixture, workers):
     """The digest is the in-process one for 1 and 3 workers; every batch labels each
-    occurrence with its source, which a recount from the tokens confirms."""
+    occurrence with its source, which a recount from the tokens confirms, and so do
+    the producer's per-source counters."""
     want = expected(mixture["path"], 0, 1, **SHAPE, **MIXED)
     with Service(mixture["path"], serve_workers=workers, **MIXED, **SHAPE) as service:
         line = result(consume(service.consumer_endpoint, 0, 1))
+        counted = service.stats()  # what the producer counted serving that consumer
         received = []
         thread = threading.Thread(target=drain, args=(service.consumer_endpoint, received))
         thread.start()
         thread.join(timeout=120)
-        stats = service.stats()
     assert (line["digest"], line["batches"]) == (want["digest"], want["batches"])
     served = np.zeros(2, np.int64)
     tokens = np.zeros(2, np.int64)
@@ -118,7 +119,8 @@ def test_a_mixture_streams_the_same_for_any_number_of_workers(mixture, workers):
     for source, i in visited(mixture["path"], **MIXED)[1]:
         pairs[source] += len(everything[i]) - 1
     assert tokens.tolist() == pairs.tolist()
-    assert stats["batches_served"] >= line["batches"]
+    assert counted["documents_served_by_source"] == {"0": 30, "1": 10}
+    assert counted["tokens_served_by_source"] == {"0": int(tokens[0]), "1": int(tokens[1])}
 
 
 @pytest.mark.parametrize(("change", "match"), [
@@ -195,3 +197,29 @@ def test_long_documents_are_quarantined_unless_split(long_corpus, tmp_path):
     assert {q["reason"] for q in window.quarantined} == {"too_long"}
     assert (window.documents_split, window.pairs_cut) == (0, 0)
 
+
+@pytest.mark.slow
+def test_split_documents_train_on_every_pair_but_the_cuts_through_the_service(long_corpus):
+    """Through real processes: every pair of every document arrives, once, but the
+    pairs across the cuts; the producer's counters say how many documents were split
+    and what the cuts cost."""
+    with Service(long_corpus["path"], serve_workers=2, capacity=64, max_rows_per_batch=2,
+                 window_documents=3, window_tokens=400) as service:
+        received = []
+        thread = threading.Thread(target=drain, args=(service.consumer_endpoint, received))
+        thread.start()
+        thread.join(timeout=120)
+        stats = service.stats()
+    trained: dict[int, list] = {}
+    for _, batch in received:
+        for occ in batch.occurrences:
+            row, lo, hi = int(occ["row"]), int(occ["start"]), int(occ["stop"])
+            trained.setdefault(int(occ["source_id"]), []).extend(
+                zip(batch.inputs[row, lo:hi].tolist(), batch.targets[row, lo:hi].tolist()))
+    cuts = {192: (65, 130), 66: (65,)}
+    for source, tokens in enumerate(long_corpus["docs"]):
+        want = [(int(tokens[i]), int(tokens[i + 1])) for i in range(len(tokens) - 1)
+                if i + 1 not in cuts.get(len(tokens), ())]
+        assert trained[source] == want
+    assert (stats["documents_split"], stats["pairs_cut"]) == (4, 7)
+    assert stats["quarantined"] == 0

@@ -90,6 +90,7 @@ COUNTERS = (
     "fillers_served", "tokens_served", "duplicates_dropped", "stale_dropped",
     "replayed_dropped", "rewinds", "rejected_worker", "rejected_consumer", "quarantined",
     "audited", "audit_failures", "window_bytes_peak", "reorder_bytes_peak", "cells_served",
+    "documents_split", "pairs_cut",
 )
 MAX_PENDING_PER_CONSUMER = 1024
 
@@ -222,6 +223,9 @@ class Producer:
             return  # replayed after a rewind; already recorded
         self._quarantine_mark[window.epoch] = window.index + 1
         self._quarantine(window.quarantined)
+        # Long documents of a long_documents = "split" source: counted once, like quarantine.
+        self.stats["documents_split"] += window.documents_split
+        self.stats["pairs_cut"] += window.pairs_cut
 
     def _quarantine(self, records: list[dict[str, Any]]) -> None:
         for record in records:
