@@ -130,6 +130,16 @@ CASES = [
           ("serve", ["--corpus", "{fixture}"], "--grace", "-1", "--grace", r"-1\.0",
            "a number >= 0"),
     ]],
+    ("digest-no-corpus", ["digest"],
+     r"streampack digest: error: corpus is not set; pass --corpus PATH or set corpus in the "
+     r"\[producer\] table"),
+    ("digest-unbounded", ["digest", "--corpus", "{fixture}", "--epochs", "0"],
+     r"streampack digest: error: epochs = 0 is an unbounded stream; give --max-batches N"),
+    ("demo-workers-0", ["demo", "--workers", "0"],
+     r"streampack demo: error: --workers = 0 must be an integer >= 1"),
+    ("demo-serve-refuses", ["demo", "--corpus", "/nonexistent/corpus", "--log-level", "ERROR"],
+     r"streampack demo: error: serve exited with status 2: streampack serve: error: "
+     r".*corpus manifest '/nonexistent/corpus'.*"),
     ("serve-bad-worker-setting", ["serve", "--corpus", "{fixture}", "--config", "{tmp}/w.toml"],
      r"streampack serve: error: prefetch = 0 must be an integer >= 1"),
 ]

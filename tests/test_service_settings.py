@@ -113,6 +113,6 @@ def test_demo_outside_a_checkout_asks_for_corpus(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(demo, "__file__", str(tmp_path / "site" / "workers" / "demo.py"))
-    with pytest.raises(SystemExit, match="pass --corpus PATH"):
+    with pytest.raises(InvalidConfig, match="pass --corpus PATH"):
         demo.find_corpus(None)
     assert demo.find_corpus(str(FIXTURE)) == FIXTURE

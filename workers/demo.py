@@ -32,7 +32,9 @@ from streampack.service.health import check
 
 from streampack.client import BatchStream
 from streampack.corpus import open_corpus
+from streampack.errors import InvalidConfig, StreampackError
 from streampack.progress import Progress
+from streampack.settings import check_number
 from streampack.windows import CutSpec, iter_windows
 
 logger = logging.getLogger(__name__)
@@ -55,8 +57,8 @@ def find_corpus(given: str | None) -> Path:
         candidate = base / "fixtures" / "corpus" / "manifest.json"
         if candidate.is_file():
             return candidate.parent
-    raise SystemExit(
-        "streampack demo: the bundled corpus fixtures/corpus was not found (it ships with "
+    raise InvalidConfig(
+        "the bundled corpus fixtures/corpus was not found (it ships with "
         "the source checkout, not with the installed package); pass --corpus PATH to a "
         "corpus manifest or directory"
     )
@@ -121,6 +123,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    check_number("--workers", args.workers, minimum=1, integer=True)
+    check_number("--audit-every", args.audit_every, minimum=0, integer=True)
     corpus = find_corpus(args.corpus)
     worker_endpoint = f"tcp://127.0.0.1:{_free_port()}"
     consumer_endpoint = f"tcp://127.0.0.1:{_free_port()}"
@@ -141,7 +145,11 @@ def main(args: argparse.Namespace) -> int:
         while check(consumer_endpoint, 1.0) is None:
             if serve.poll() is not None or time.monotonic() > deadline:
                 log.flush()
-                raise SystemExit("demo: serve did not start:\n" + Path(log.name).read_text())
+                # serve's last line says why (its one-line error when it refused to start).
+                said = Path(log.name).read_text().strip().splitlines() or ["no output"]
+                how = (f"exited with status {serve.returncode}" if serve.poll() is not None
+                       else "did not serve within 120 s")
+                raise StreampackError(f"serve {how}: {said[-1]}")
         ranks = [_Rank(r) for r in range(RANKS)]
         progress = Progress("demo", unit="batches", enabled=not args.quiet)
         started = time.perf_counter()

@@ -22,6 +22,7 @@ from streampack.service.worker import window_examples
 from streampack import PackConfig, PackedBatch, pack_examples
 from streampack.client import StreamDigest
 from streampack.corpus import open_corpus
+from streampack.errors import InvalidConfig
 from streampack.settings import ProducerSettings, add_flags, check_number, check_rank, from_args
 from streampack.windows import CutSpec, iter_windows
 
@@ -97,9 +98,10 @@ def main(args: argparse.Namespace) -> int:
     if args.max_batches is not None:
         check_number("--max-batches", args.max_batches, minimum=0, integer=True)
     if settings.corpus is None:
-        raise SystemExit("streampack digest: --corpus PATH (or [producer] corpus) is required")
+        raise InvalidConfig("corpus is not set; pass --corpus PATH or set corpus in the "
+                            "[producer] table")
     if settings.epochs == 0 and args.max_batches is None:
-        raise SystemExit("streampack digest: epochs = 0 is unbounded; give --max-batches N")
+        raise InvalidConfig("epochs = 0 is an unbounded stream; give --max-batches N")
     digest = StreamDigest()
     where = {"rank": args.rank, "world_size": args.world_size}
     state = {"epoch": settings.epochs, "index": args.rank, "base": 0} | where
