@@ -97,9 +97,6 @@ def main(args: argparse.Namespace) -> int:
     check_rank(args.rank, args.world_size)
     if args.max_batches is not None:
         check_number("--max-batches", args.max_batches, minimum=0, integer=True)
-    if settings.corpus is None:
-        raise InvalidConfig("corpus is not set; pass --corpus PATH or set corpus in the "
-                            "[producer] table")
     if settings.epochs == 0 and args.max_batches is None:
         raise InvalidConfig("epochs = 0 is an unbounded stream; give --max-batches N")
     digest = StreamDigest()
