@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from streampack.corpus.reader import Record
 from streampack.errors import InvalidConfig
 
 STOPPING = ("first_exhausted", "all_exhausted")
@@ -259,23 +260,39 @@ def long_documents_policy(entry: dict[str, Any], where: str) -> str:
 # --- the mixture reader -----------------------------------------------------------------
 
 
-class MixtureReader:
-    """Several random-access sources as one: document ``first[k] + i`` is document ``i``
-    of source ``k`` (its source id), and each epoch visits them in the mixture's order
-    (``epoch_order``) instead of corpus order or one permutation."""
+def buffered_shuffle(items: Iterator[Any], size: int, rng: np.random.Generator
+                     ) -> Iterator[Any]:
+    """A bounded shuffle buffer: emit a uniformly chosen held item per new item."""
+    buffer: list[Any] = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        slot = int(rng.integers(len(buffer)))
+        yield buffer[slot]
+        buffer[slot] = item
+    while buffer:
+        slot = int(rng.integers(len(buffer)))
+        buffer[slot], buffer[-1] = buffer[-1], buffer[slot]
+        yield buffer.pop()
 
-    random_access = True
+
+class MixtureReader:
+    """Several sources as one: document ``first[k] + i`` is document ``i`` of source
+    ``k`` (its source id), and each epoch visits them in the mixture's order instead of
+    corpus order or one permutation. With random access in every source, the window cut
+    reads the order a slice at a time (``epoch_order``); otherwise it reads documents one
+    by one (``epoch_records``), each sequential source through its own seeded shuffle
+    buffer."""
 
     def __init__(self, readers: Sequence[Any], weights: Sequence[float | int], *,
                  stopping: str, long_documents: Sequence[str], binding: Any, where: str) -> None:
-        for k, reader in enumerate(readers):
-            if not reader.random_access:
-                raise InvalidConfig(
-                    f"{where}: source {k} is read sequentially (JSON Lines or Parquet); a "
-                    f"mixture needs random access (token shards, Arrow, Megatron): convert "
-                    f"it, e.g. with `streampack corpus build`"
-                )
-            if reader.num_documents == 0:
+        # A sequential source's size, when its reader does not know it, is counted once
+        # here (a pass over its files): the schedule's epoch length needs it.
+        sizes = [r.num_documents if r.num_documents is not None
+                 else sum(1 for _ in r.records()) for r in readers]
+        for k, size in enumerate(sizes):
+            if size == 0:
                 raise InvalidConfig(f"{where}: source {k} holds no documents")
         if stopping not in STOPPING:
             raise InvalidConfig(f"{where}: stopping {stopping!r}; expected one of "
@@ -285,7 +302,8 @@ class MixtureReader:
         self.stopping = stopping
         self.long_documents = tuple(long_documents)
         self.binding = binding
-        self.sizes = [int(r.num_documents) for r in readers]
+        self.sizes = [int(n) for n in sizes]
+        self.random_access = all(r.random_access for r in readers)
         self._first = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.num_documents = int(self._first[-1])
         self._split = np.array([p == "split" for p in self.long_documents], bool)
@@ -303,6 +321,50 @@ class MixtureReader:
         slice at a time."""
         return EpochOrder(self.schedule, self.sizes, self.stopping, self._first,
                           shuffle=shuffle, seed=seed, epoch=epoch)
+
+    def epoch_records(self, epoch: int, shuffle: bool, seed: int, shuffle_buffer: int
+                      ) -> Iterator[Record]:
+        """The documents an epoch visits, in order, one record each (source ids and
+        locations those of the mixture)."""
+        streams: dict[int, tuple[int, Iterator[Record]]] = {}  # source -> cycle, records
+
+        def read(k: int, cycle: int) -> Iterator[Record]:
+            reader = self.readers[k]
+            if reader.random_access:
+                order = (permutation(self.sizes[k], seed, epoch, k, cycle) if shuffle
+                         else range(self.sizes[k]))
+                return (self._record(k, int(i)) for i in order)
+            records = reader.records()
+            if shuffle:
+                rng = np.random.default_rng([seed, epoch, k, cycle, 0x313C])
+                records = buffered_shuffle(records, shuffle_buffer, rng)
+            return records
+
+        length = self.schedule.epoch_length(self.sizes, self.stopping)
+        for lo in range(0, length, 4096):
+            sources, picks = self.schedule.picks(lo, min(length, lo + 4096))
+            for k, pick in zip(sources.tolist(), picks.tolist()):
+                cycle = pick // self.sizes[k]
+                if k not in streams or streams[k][0] != cycle:
+                    streams[k] = (cycle, read(k, cycle))
+                record = next(streams[k][1])
+                yield dataclasses.replace(
+                    record, source_id=int(self._first[k]) + record.source_id,
+                    example_id=(int(self._first[k]) + record.example_id
+                                if self.readers[k].random_access else record.example_id),
+                    location=f"source {k}: {record.location}")
+
+    def _record(self, k: int, i: int) -> Record:
+        """Document ``i`` of random-access source ``k`` as a record (its own ids)."""
+        reader, ids = self.readers[k], np.array([i], np.int64)
+        lengths = reader.lengths(ids)
+        tokens, ok = reader.gather(ids, lengths)
+        bad = not bool(ok[0])
+        return Record(source_id=i, tokens=np.asarray(tokens, np.int64), start=0,
+                      stop=int(lengths[0]), example_id=i,
+                      reason="wrong_dtype" if bad else None,
+                      detail="stored tokens are not of an accepted integer dtype" if bad else "",
+                      location=reader.location(i))
 
     def lengths(self, ids: np.ndarray) -> np.ndarray:
         out = np.empty(len(ids), np.int64)

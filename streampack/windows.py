@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from streampack.corpus.reader import RandomAccessReader, Reader, Record, SequentialReader
-from streampack.mixture import EpochOrder, MixtureReader, split_ranges
+from streampack.mixture import EpochOrder, MixtureReader, buffered_shuffle, split_ranges
 from streampack.wire import token_dtype
 
 REASONS = (
@@ -228,27 +228,18 @@ def _random_access_windows(
 
 def _shuffled(records: Iterator[Record], spec: CutSpec, epoch: int) -> Iterator[Record]:
     """A bounded shuffle buffer: emit a uniformly chosen held record per new record."""
-    rng = _rng(spec.seed, epoch)
-    buffer: list[Record] = []
-    for record in records:
-        if len(buffer) < spec.shuffle_buffer:
-            buffer.append(record)
-            continue
-        slot = int(rng.integers(len(buffer)))
-        yield buffer[slot]
-        buffer[slot] = record
-    while buffer:
-        slot = int(rng.integers(len(buffer)))
-        buffer[slot], buffer[-1] = buffer[-1], buffer[slot]
-        yield buffer.pop()
+    return buffered_shuffle(records, spec.shuffle_buffer, _rng(spec.seed, epoch))
 
 
 def _sequential_windows(
     source: SequentialReader, epoch: int, spec: CutSpec, start_window: int
 ) -> Iterator[Window]:
-    records = source.records()
-    if spec.shuffle:
-        records = _shuffled(records, spec, epoch)
+    if isinstance(source, MixtureReader):  # each source shuffles itself, seeded apart
+        records = source.epoch_records(epoch, spec.shuffle, spec.seed, spec.shuffle_buffer)
+    else:
+        records = source.records()
+        if spec.shuffle:
+            records = _shuffled(records, spec, epoch)
     index = 0
     held: list[Record] = []
     held_tokens = 0
@@ -263,6 +254,7 @@ def _sequential_windows(
             [r.tokens for r in held if r.tokens is not None] or [np.zeros(0, np.int64)]
         )
         by_id = {r.source_id: r.location for r in held}
+        source_ids = np.array([r.source_id for r in held], dtype=np.int64)
         return _screen(
             epoch,
             index,
@@ -272,12 +264,12 @@ def _sequential_windows(
             lengths,
             starts=np.array([r.start for r in held], dtype=np.int64),
             stops=np.array([r.stop for r in held], dtype=np.int64),
-            source_ids=np.array([r.source_id for r in held], dtype=np.int64),
+            source_ids=source_ids,
             example_ids=np.array([r.example_id for r in held], dtype=np.int64),
             premarked=[(i, r.reason, r.detail) for i, r in enumerate(held)
                        if r.reason is not None],
             locate=by_id.__getitem__,
-            split=getattr(source, "long_documents", "quarantine") == "split",
+            **_mixture_fields(source, source_ids),
         )
 
     for record in records:
@@ -302,7 +294,7 @@ def _sequential_windows(
             yield window
 
 
-def _mixture_fields(source: RandomAccessReader, ids: np.ndarray) -> dict[str, Any]:
+def _mixture_fields(source: Reader, ids: np.ndarray) -> dict[str, Any]:
     """The per-document source index and long-document policy ``_screen`` takes."""
     if isinstance(source, MixtureReader):
         return {"source_index": source.source_index(ids), "split": source.splits(ids)}

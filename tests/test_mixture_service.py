@@ -223,3 +223,27 @@ def test_split_documents_train_on_every_pair_but_the_cuts_through_the_service(lo
         assert trained[source] == want
     assert (stats["documents_split"], stats["pairs_cut"]) == (4, 7)
     assert stats["quarantined"] == 0
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_mixture_with_a_json_lines_source_follows_the_schedule(mixture, tmp_path, shuffle):
+    """A sequential source (JSON Lines, sized by one pass at open) mixes like the others,
+    document by document: the 2:1 schedule, each source read once in its own order."""
+    lines = [json.dumps({"tokens": d.tolist()}) for d in mixture["b"]]
+    (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
+    for suffix in (".tokens.npy", ".offsets.npy"):
+        (tmp_path / f"a{suffix}").write_bytes((mixture["path"] / f"a{suffix}").read_bytes())
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "format": "streampack-corpus", "version": 1, "binding": BINDING,
+        "sources": [{"weight": 2, "shards": ["a"]}, {"weight": 1, "jsonl": ["b.jsonl"]}],
+        "stopping": "all_exhausted"}))
+    reader, got = visited(tmp_path, shuffle=shuffle, seed=3)
+    assert not reader.random_access and reader.sizes == [30, 20]
+    length = Schedule.of([2, 1]).epoch_length([30, 20], "all_exhausted")
+    picks, _ = Schedule.of([2, 1]).picks(0, length)
+    assert [s for s, _ in got] == picks.tolist()
+    assert [s for s, i in got] == [int(i >= 30) for _, i in got]
+    b = [i - 30 for s, i in got if s == 1]
+    assert sorted(b) == list(range(20)) and (b == list(range(20))) != shuffle
+    a = [i for s, i in got if s == 0]
+    assert sorted(a[:30]) == list(range(30))  # A's first cycle, whole
