@@ -15,7 +15,7 @@ import pytest
 import zmq
 from _service import FIXTURE, ROOT, command, env
 
-from streampack import InternalError, InvalidConfig, wire
+from streampack import InternalError, InvalidConfig, cli, wire
 from streampack.settings import (
     ConsumerSettings,
     add_flags,
@@ -249,8 +249,6 @@ def _free_port() -> int:
 def test_the_top_level_handler_keeps_tracebacks_for_bugs(monkeypatch, capsys):
     from streampack.service import digest
 
-    from streampack import cli
-
     def broken(args):
         raise InternalError("an invariant broke")
 
@@ -342,3 +340,11 @@ def test_an_empty_environment_key_is_no_key(monkeypatch, value, expected):
     assert from_args(ConsumerSettings, parser.parse_args([])).curve_server_key == expected
     assert from_args(ConsumerSettings, parser.parse_args(
         ["--curve-server-key", "0" * 40])).curve_server_key == "0" * 40  # the flag wins
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in cli.COMMANDS])
+def test_every_subcommand_still_has_its_help(name, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([name, "--help"])
+    assert stopped.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: streampack {name} ")
