@@ -302,3 +302,38 @@ def test_opening_and_cutting_holds_no_per_document_memory(tmp_path, monkeypatch)
         # the shuffled epoch's permutation (8 bytes per document) is the one exception
         assert peak < 8 * count + 400_000, (entry, peak)
         assert pa.total_allocated_bytes() == heap
+
+
+def test_empty_sources_are_refused(tmp_path):
+    import datasets
+
+    (tmp_path / "e.jsonl").write_bytes(b"")
+    with pytest.raises(InvalidConfig, match="e.jsonl' is empty \\(0 bytes\\)"):
+        open_corpus(manifest(tmp_path, jsonl=["e.jsonl"]))
+    datasets.Dataset.from_dict({"input_ids": []}).save_to_disk(str(tmp_path / "hf"))
+    with pytest.raises(InvalidConfig, match="lists no data files: the dataset is empty"):
+        open_corpus(manifest(tmp_path, arrow=["hf"]))
+
+
+def test_an_arrow_column_of_text_is_a_clear_dtype_error(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_dict({"input_ids": ["not", "tokens"]}).save_to_disk(
+        str(tmp_path / "hf"))
+    with pytest.raises(InvalidConfig, match="data-00000-of-00001.arrow': column 'input_ids' "
+                                           "has type string; expected a list of integer"):
+        open_corpus(manifest(tmp_path, arrow=["hf"]))
+
+
+def test_without_pyarrow_the_error_names_the_extra(tmp_path):
+    import subprocess
+    import sys
+
+    write_parquet(tmp_path, documents(4), files=1)
+    code = ("import sys; sys.modules['pyarrow'] = None\n"
+            "from streampack.corpus import open_corpus\n"
+            f"open_corpus({str(tmp_path)!r})")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert "reading Parquet files needs pyarrow; install it with: pip install " \
+           "'streampack[data]'" in done.stderr

@@ -16,6 +16,7 @@ import numpy as np
 
 from streampack.corpus.files import regular_file
 from streampack.corpus.reader import BindingSpec, Record
+from streampack.errors import InvalidConfig
 
 
 class JsonlSource:
@@ -26,6 +27,10 @@ class JsonlSource:
     def __init__(self, paths: list[Path], binding: BindingSpec) -> None:
         self.binding = binding
         self.paths = [regular_file(path, "JSON Lines file") for path in paths]
+        for path in self.paths:
+            if path.stat().st_size == 0:
+                raise InvalidConfig(f"JSON Lines file {str(path)!r} is empty (0 bytes); "
+                                    f"expected one document per line")
         self.num_documents: int | None = None
 
     def records(self) -> Iterator[Record]:
