@@ -121,7 +121,7 @@ def _rng(seed: int, epoch: int) -> np.random.Generator:
 
 def permutation(num_documents: int, seed: int, epoch: int) -> np.ndarray:
     """The document order of a shuffled epoch: a function of (seed, epoch) only."""
-    return _rng(seed, epoch).permutation(num_documents).astype(np.int64)
+    return _rng(seed, epoch).permutation(num_documents).astype(np.int64, copy=False)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
