@@ -1,10 +1,20 @@
-"""Packing throughput: pack_examples beside a copy bound and simpler packers, in one run.
+"""Packing throughput and fill: pack_examples beside a copy bound and simpler packers,
+and the placement policies beside TRL's best-fit-decreasing, in one run.
 
 Corpus: documents with lengths clip(lognormal(5, 1), 2, 2048) (seeded), capacity 2048,
 16 rows per batch. Every figure is million real tokens (prediction pairs) per second
 from columnar Examples to finished batches; ratios are against the copy bound, which
 allocates fresh arrays of the same output bytes and copies into them (any packer must
 at least produce that many fresh bytes).
+
+``policies`` packs the same corpus with next-fit and with best-fit at a few
+``open_rows``: fill ratio (real cells / cells) of the corpus packed in one call and,
+as the service packs it, in windows of ``WINDOW_DOCUMENTS`` packed alone; rows; M
+tokens/s and the ratio to the copy bound of that policy's own output. ``trl_bfd`` (when TRL is installed: ``pip
+install 'streampack[bench]'``) runs ``trl.pack_dataset(strategy="bfd")`` on the same
+documents — each document's prediction-pair count of tokens, so both pack the same
+cells — with TRL's defaults (``datasets.map`` batches of 1000 documents, each packed
+alone); its time covers ``pack_dataset`` only, not building the dataset.
 
     .venv/bin/python benchmarks/pack.py [--documents 500000] [--repeats 3]
 """
@@ -22,6 +32,27 @@ from numba import njit
 import streampack as sp
 from streampack.batch import BYTES_PER_CELL, CELL_DTYPES
 from streampack.kernels.pack_cpu import fill_rows, plan_next_fit
+
+#: best-fit settings the policy table reports.
+OPEN_ROWS = (4, 16, 64, 256)
+#: Documents per window when packing window by window (as TRL's default map batch).
+WINDOW_DOCUMENTS = 1000
+
+
+def windowed_rows(examples: sp.Examples, config: sp.PackConfig) -> int:
+    """Rows used when every ``WINDOW_DOCUMENTS`` documents are planned alone, with the
+    function a pack worker plans a window with."""
+    rows = 0
+    for first in range(0, len(examples), WINDOW_DOCUMENTS):
+        window = slice(first, first + WINDOW_DOCUMENTS)
+        start, stop = examples.start[window], examples.stop[window]
+        offsets = np.zeros(len(start) + 1, np.int64)
+        np.cumsum(stop, out=offsets[1:])  # document i of the window is [0, stop[i])
+        ids = np.arange(len(start))
+        occurrences, sizes = sp.packing.plan_ranges(offsets, start, stop, ids, ids, config)
+        ends = np.cumsum(sizes) - 1
+        rows += int((occurrences["row"][ends] + 1).sum())
+    return rows
 from streampack.reference.packing import reference_pack
 
 CAPACITY, ROWS_PER_BATCH = 2048, 16
@@ -102,8 +133,9 @@ def _allocate_and_fill(tokens, offsets, doc, start, stop, row_first, capacity):
            np.empty(shape, np.int32), np.empty(shape, np.bool_), np.empty(shape, np.bool_),
            np.empty(shape, np.bool_), np.empty(shape, np.int32))
     valid_lengths = np.empty(rows, np.int32)
-    fill_rows(tokens, offsets, doc, start, stop, row_first, 0, out[0], out[1], out[2], out[3],
-              out[4], out[5], out[6], out[7], valid_lengths)
+    order = np.arange(doc.shape[0])
+    fill_rows(tokens, offsets, doc, start, stop, order, row_first, 0, out[0], out[1], out[2],
+              out[3], out[4], out[5], out[6], out[7], valid_lengths)
     return out
 
 
@@ -121,11 +153,12 @@ def fill_allocated_by_numpy(examples: sp.Examples) -> callable:
     row_of, column_of = np.empty_like(lengths), np.empty_like(lengths)
     rows = int(plan_next_fit(lengths, CAPACITY, row_of, column_of))
     row_first = np.searchsorted(row_of, np.arange(rows + 1))
+    order = np.arange(len(lengths))
 
     def run():
         out = {name: np.empty((rows, CAPACITY), d) for name, d in CELL_DTYPES.items()}
         fill_rows(examples.tokens, examples.offsets, examples.doc, examples.start,
-                  examples.stop, row_first, 0, *out.values(), np.empty(rows, np.int32))
+                  examples.stop, order, row_first, 0, *out.values(), np.empty(rows, np.int32))
         return out
 
     return run
@@ -139,12 +172,60 @@ def prefaulted_fill(examples: sp.Examples) -> tuple[callable, int]:
     row_first = np.searchsorted(row_of, np.arange(rows + 1))
     out = {name: np.zeros((rows, CAPACITY), d) for name, d in CELL_DTYPES.items()}
     valid_lengths = np.zeros(rows, np.int32)
+    order = np.arange(len(lengths))
 
     def run():
         fill_rows(examples.tokens, examples.offsets, examples.doc, examples.start, examples.stop,
-                  row_first, 0, *out.values(), valid_lengths)
+                  order, row_first, 0, *out.values(), valid_lengths)
 
     return run, rows
+
+
+def policy_table(examples: sp.Examples, binding: sp.Binding, repeats: int
+                 ) -> dict[str, dict[str, float]]:
+    """Fill and speed of next-fit and best-fit at each of ``OPEN_ROWS``, same corpus."""
+    tokens = int(examples.prediction_lengths.sum())
+    table = {}
+    for policy, open_rows in [("next_fit", None)] + [("best_fit", k) for k in OPEN_ROWS]:
+        config = sp.PackConfig(capacity=CAPACITY, max_rows_per_batch=ROWS_PER_BATCH,
+                               max_metadata_bytes=1 << 40, policy=policy, open_rows=open_rows)
+        sp.pack_examples(corpus(100), binding, config)  # compile or load the cache
+        rows = sp.pack_examples(examples, binding, config).row_count
+        pack = best_of(repeats, lambda: sp.pack_examples(examples, binding, config))
+        bound = best_of(repeats, copy_bound(rows * CAPACITY))
+        name = policy if open_rows is None else f"best_fit_{open_rows}"
+        table[name] = {"fill_ratio": round(tokens / (rows * CAPACITY), 4), "rows": rows,
+                       "fill_ratio_in_windows": round(
+                           tokens / (windowed_rows(examples, config) * CAPACITY), 4),
+                       "million_tokens_per_s": round(tokens / pack / 1e6, 1),
+                       "ratio_to_copy_bound": round(bound / pack, 3)}
+    return table
+
+
+def trl_bfd(examples: sp.Examples) -> dict[str, float] | None:
+    """TRL's ``pack_dataset(strategy="bfd")`` over the same cells, or None without TRL."""
+    try:
+        import datasets
+        import pyarrow as pa
+        from trl import pack_dataset
+    except ImportError:
+        return None
+    lengths = examples.prediction_lengths
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.concatenate([examples.example_tokens(i)[:-1] for i in range(len(examples))])
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))})
+    dataset = datasets.Dataset(datasets.table.InMemoryTable(table))
+    datasets.disable_progress_bars()
+    t0 = time.perf_counter()
+    packed = pack_dataset(dataset, seq_length=CAPACITY, strategy="bfd")
+    seconds = time.perf_counter() - t0
+    tokens = int(lengths.sum())
+    packed_tokens = int(sum(sum(row) for row in packed["seq_lengths"]))
+    if packed_tokens != tokens:
+        raise RuntimeError(f"TRL packed {packed_tokens} tokens of {tokens}")
+    return {"fill_ratio": round(tokens / (len(packed) * CAPACITY), 4), "rows": len(packed),
+            "million_tokens_per_s": round(tokens / seconds / 1e6, 2)}
 
 
 def main() -> None:
@@ -183,6 +264,9 @@ def main() -> None:
     subset_tokens = int(subset.prediction_lengths.sum())
     reference_seconds = best_of(1, lambda: reference_pack(subset, binding, config))
 
+    policies = policy_table(examples, binding, args.repeats)
+    trl = trl_bfd(examples)
+
     rate = {name: tokens / s / 1e6 for name, s in seconds.items()}
     rate["reference_python"] = subset_tokens / reference_seconds / 1e6
     print(json.dumps({
@@ -200,6 +284,11 @@ def main() -> None:
         "pack_examples_vs_python_numpy": round(rate["pack_examples"]
                                                / rate["python_numpy_next_fit"], 1),
         "pack_examples_vs_reference": round(rate["pack_examples"] / rate["reference_python"], 1),
+        "policies": policies,
+        "trl_bfd": trl if trl is not None else "not installed: pip install 'streampack[bench]'",
+        "speed_vs_trl_bfd": None if trl is None else {
+            name: round(row["million_tokens_per_s"] / trl["million_tokens_per_s"], 1)
+            for name, row in policies.items()},
     }, indent=2))
 
 

@@ -437,7 +437,7 @@ class CompactBatch:
             k.COMPACT_START: "each occurrence must start where the last ended (0 on a new row)",
             k.COMPACT_COLUMNS: f"occurrence columns out of range: need start < stop <= "
                                f"{self.capacity}",
-            k.COMPACT_ORDINAL: "ordinals must be consecutive and fit int32",
+            k.COMPACT_ORDINAL: "ordinals must increase along each row and fit int32",
             k.COMPACT_SEGMENT: "segment must equal the ordinal",
             k.COMPACT_RANGE: "range length must be pairs + 1",
         }[code]

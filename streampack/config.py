@@ -11,6 +11,13 @@ DEFAULT_MAX_METADATA_BYTES = 1 << 30
 
 _INT32_MAX = 2**31 - 1
 
+#: Placement policies: rule C2's next-fit (the default) and the opt-in bounded best-fit.
+POLICIES = ("next_fit", "best_fit")
+#: Open rows of ``policy="best_fit"`` when ``open_rows`` is not given.
+DEFAULT_BEST_FIT_OPEN_ROWS = 64
+#: Most open rows ``best_fit`` may keep: each example scans them all.
+MAX_OPEN_ROWS = 4096
+
 
 def _require_positive_int(name: str, value: object, *, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -30,12 +37,22 @@ class PackConfig:
             defaults to ``capacity * max_rows_per_batch``. Must hold at least one row.
         max_metadata_bytes: most bytes one pack call may hold, planner, occurrence
             records and batch arrays together (rule C8).
+        policy: where each example goes. ``"next_fit"`` (default): rule C2, in supplied
+            order. ``"best_fit"`` (opt-in): the open row with the least room that still
+            fits, among at most ``open_rows`` open rows (see ``streampack.packing``).
+        open_rows: rows ``best_fit`` keeps open (1..4096; default 64). More rows fill
+            better and plan slower. ``best_fit`` with one open row is next-fit. For
+            ``next_fit`` it is 1, the only value accepted.
     """
 
     capacity: int
     max_rows_per_batch: int
     max_cells: int | None = None
     max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES
+    policy: str = "next_fit"
+    open_rows: int | None = None
+
+    POLICIES = POLICIES
 
     def __post_init__(self) -> None:
         _require_positive_int("capacity", self.capacity, maximum=_INT32_MAX)
@@ -46,6 +63,17 @@ class PackConfig:
             max_cells = self.capacity * self.max_rows_per_batch
             object.__setattr__(self, "max_cells", max_cells)
         _require_positive_int("max_cells", max_cells)
+        if self.policy not in POLICIES:
+            raise InvalidConfig(
+                f"policy={self.policy!r}; accepted: {', '.join(map(repr, POLICIES))}")
+        if self.open_rows is None:
+            default = DEFAULT_BEST_FIT_OPEN_ROWS if self.policy == "best_fit" else 1
+            object.__setattr__(self, "open_rows", default)
+        _require_positive_int("open_rows", self.open_rows, maximum=MAX_OPEN_ROWS)
+        if self.policy == "next_fit" and self.open_rows != 1:
+            raise InvalidConfig(
+                f"open_rows={self.open_rows} with policy='next_fit', which keeps one row "
+                "open; accepted: open_rows=1 (or None), or policy='best_fit'")
         if max_cells < self.capacity:
             raise InvalidConfig(
                 f"max_cells={self.max_cells} is smaller than one row (capacity={self.capacity}); "

@@ -1,4 +1,5 @@
-"""pack_examples: next-fit packing of whole examples into fixed-width rows (rule C2).
+"""pack_examples: packing of whole examples into fixed-width rows — next-fit (rule C2,
+the default) or an opt-in bounded best-fit.
 
 The picture for the worked example, capacity 6::
 
@@ -11,11 +12,35 @@ its own local positions and its own targets. Rows are never revisited, nothing i
 sorted, split or truncated, an exact fill opens no empty row, and the last batch
 keeps its real row count.
 
+``PackConfig(policy="best_fit", open_rows=K)`` keeps up to K rows open. Examples are
+still taken whole in supplied order; each goes to the open row with the least room
+that still fits it (ties: the row opened first). When none fits, a new row opens at
+the end; if K rows are open, the fullest of them (ties: opened first) is closed first.
+A row that becomes exactly full closes at once. Capacity 6, K = 2::
+
+    supplied   A (4)   B (4)   C (2)   D (1)
+    A          row 0  A A A A . .        the first row opens
+    B          row 1  B B B B . .        2 cells left in row 0: a second row opens
+    C          row 0  A A A A C C        rows 0 and 1 both leave 2: row 0 (opened first);
+                                         row 0 is exactly full and closes
+    D          row 1  B B B B D .        the only open row
+    next-fit would give 3 rows: [A], [B C], [D]
+
+Output order, for both policies: rows in the order they opened, batches of
+``max_rows_per_batch`` consecutive rows, and in each batch the occurrence records row
+by row, left to right. Every example keeps its supplied index as its ordinal and
+segment (C3), so segments increase along each row; under best-fit a batch's segments
+need not be consecutive (above, row 0 holds ordinals 0 and 2). Padding stays at row
+tails (a row only grows at its end), so rule C6's ranges hold unchanged. The plan is a
+pure function of the examples' lengths and the config — no clock, no hash order, no
+threads — so each window packed alone gives the same batches on any worker.
+
 The call runs in four steps, and nothing large is allocated before the step that
 budgets it has passed (rule C8):
 
 1. validate every example (all-or-nothing, errors name the example);
-2. budget the planner and plan (compiled, sequential: next-fit is inherently serial);
+2. budget the planner and plan (compiled, sequential: both policies are inherently
+   serial; best-fit then groups examples by row with a counting sort);
 3. budget every batch array and occurrence record exactly, check ``max_cells``;
 4. allocate each field once for the whole call and fill rows in parallel (compiled);
    each batch is a row slice of those arrays.
@@ -54,7 +79,13 @@ from .examples import (
     describe_example,
     integer_column,
 )
-from .kernels.pack_cpu import fill_rows, gather_ranges, plan_next_fit
+from .kernels.pack_cpu import (
+    fill_rows,
+    gather_ranges,
+    group_by_row,
+    plan_best_fit,
+    plan_next_fit,
+)
 
 _INT64 = np.dtype(np.int64).itemsize
 #: Validation and occurrence-building temporaries: at most this many int64 per example.
@@ -76,14 +107,15 @@ class PackedEpoch:
     metadata_peak: int
 
 
-def planner_bytes(example_count: int) -> int:
-    """Planner arrays (row and column per example) plus validation scratch."""
-    return (2 + _SCRATCH_INT64_PER_EXAMPLE) * _INT64 * example_count
+def planner_bytes(example_count: int, open_rows: int = 1) -> int:
+    """Planner arrays (row, column and placement order per example, two per open row)
+    plus validation scratch."""
+    return (3 + _SCRATCH_INT64_PER_EXAMPLE) * _INT64 * example_count + 2 * _INT64 * open_rows
 
 
 def metadata_bytes(
     example_count: int, row_count: int, batch_count: int, capacity: int,
-    *, selected_tokens: int | None = None,
+    *, selected_tokens: int | None = None, open_rows: int = 1,
 ) -> int:
     """Every byte a pack call holds at its peak, given its plan (rule C8).
 
@@ -92,7 +124,7 @@ def metadata_bytes(
     """
     common = (
         _CALL_OVERHEAD_BYTES
-        + planner_bytes(example_count)
+        + planner_bytes(example_count, open_rows)
         + _INT64 * (row_count + 1)  # first example of each row
         + OCCURRENCE_DTYPE.itemsize * example_count
         + batch_count * _BATCH_OBJECT_BYTES
@@ -134,9 +166,11 @@ class _Plan:
     lengths: np.ndarray  # prediction pairs per example
     row_of: np.ndarray  # row of each example, counted over the whole call
     column_of: np.ndarray  # first storage column of each example
-    row_first: np.ndarray  # first example of each row, plus the total
+    order: np.ndarray  # examples in placement order: row by row, left to right
+    row_first: np.ndarray  # where each row starts in ``order``, plus the total
     row_count: int
     batch_count: int
+    in_supplied_order: bool  # order is 0, 1, 2, ... (next-fit)
 
     def batch_rows(self, batch: int, rows_per_batch: int) -> tuple[int, int]:
         first = batch * rows_per_batch
@@ -148,7 +182,7 @@ def _plan(
 ) -> tuple[_Plan, int]:
     """Validate, budget and plan one call; returns the plan and its metadata peak."""
     _check_types(examples, binding, config)
-    _enforce_budget(planner_bytes(len(examples)), config, "planning")
+    _enforce_budget(planner_bytes(len(examples), config.open_rows), config, "planning")
     lengths = _validate(examples, binding, config)
     return _place(lengths, config, compact=compact)
 
@@ -168,7 +202,7 @@ def _check_lengths(
 
 
 def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_Plan, int]:
-    """Plan validated prediction lengths next-fit and budget the result."""
+    """Place validated prediction lengths by ``config.policy`` and budget the result."""
     count = len(lengths)
     if count > _MAX_OCCURRENCES:
         raise InvalidExample(
@@ -177,7 +211,13 @@ def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_
 
     row_of = np.empty(count, np.int64)
     column_of = np.empty(count, np.int64)
-    row_count = int(plan_next_fit(lengths, config.capacity, row_of, column_of))
+    if config.policy == "best_fit":
+        open_row = np.empty(config.open_rows, np.int64)
+        open_used = np.empty(config.open_rows, np.int64)
+        row_count = int(plan_best_fit(lengths, config.capacity, config.open_rows, row_of,
+                                      column_of, open_row, open_used))
+    else:
+        row_count = int(plan_next_fit(lengths, config.capacity, row_of, column_of))
     rows_per_batch = config.max_rows_per_batch
     batch_count = -(-row_count // rows_per_batch)
 
@@ -193,14 +233,22 @@ def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_
         )
     selected = int(lengths.sum()) + count if compact else None
     peak = metadata_bytes(count, row_count, batch_count, config.capacity,
-                          selected_tokens=selected)
+                          selected_tokens=selected, open_rows=config.open_rows)
     _enforce_budget(peak, config, f"packing {count} examples into {row_count} rows")
-    row_first = np.searchsorted(row_of, np.arange(row_count + 1, dtype=np.int64))
-    return _Plan(lengths, row_of, column_of, row_first, row_count, batch_count), peak
+    if config.policy == "next_fit":  # rows already hold consecutive examples
+        order = np.arange(count, dtype=np.int64)
+        row_first = np.searchsorted(row_of, np.arange(row_count + 1, dtype=np.int64))
+    else:
+        order = np.empty(count, np.int64)
+        row_first = np.empty(row_count + 1, np.int64)
+        group_by_row(row_of, row_first, order)
+    return _Plan(lengths, row_of, column_of, order, row_first, row_count, batch_count,
+                 config.policy == "next_fit"), peak
 
 
 def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> PackedEpoch:
-    """Pack ``examples`` next-fit, in order, into batches of ``config`` (rules C1-C8).
+    """Pack ``examples`` into batches of ``config`` (rules C1-C8): next-fit in supplied
+    order, or bounded best-fit when ``config.policy == "best_fit"`` (module doc).
 
     Raises:
         InvalidExample / OversizedExample: an example breaks C1/C2 (the message names it).
@@ -214,7 +262,7 @@ def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> P
     valid_lengths = np.empty(plan.row_count, np.int32)
     fill_rows(
         examples.tokens, examples.offsets, examples.doc, examples.start, examples.stop,
-        plan.row_first, 0, arrays["inputs"], arrays["targets"], arrays["segments"],
+        plan.order, plan.row_first, 0, arrays["inputs"], arrays["targets"], arrays["segments"],
         arrays["positions"], arrays["input_valid"], arrays["target_valid"],
         arrays["loss_mask"], arrays["segment_starts"], valid_lengths,
     )
@@ -277,7 +325,7 @@ def plan_ranges(
             f"{count} ranges need {count + 1} offsets and {count} stops, source and example "
             f"ids; got {offsets.shape[0]}, {stop.shape[0]}, {source_id.shape[0]}, "
             f"{example_id.shape[0]}")
-    _enforce_budget(planner_bytes(count), config, "planning")
+    _enforce_budget(planner_bytes(count, config.open_rows), config, "planning")
     check_offsets(offsets, int(offsets[-1]))  # no tokens here to end at: start, order
     doc = np.arange(count, dtype=np.int64)
 
@@ -333,9 +381,12 @@ def compact_batches(
     examples: Examples, occurrences: np.ndarray, sizes: np.ndarray, binding: Binding,
     capacity: int,
 ) -> list[CompactBatch]:
-    """The compact batches of a plan from :func:`plan_compact`, tokens gathered."""
-    selected, token_offsets = select_tokens(examples.tokens, examples.offsets, examples.doc,
-                                            examples.start, examples.stop)
+    """The compact batches of a plan from :func:`plan_compact`, tokens gathered in the
+    records' order (best-fit's is not the supplied order)."""
+    ordinal = occurrences["ordinal"]
+    selected, token_offsets = select_tokens(examples.tokens, examples.offsets,
+                                            examples.doc[ordinal], examples.start[ordinal],
+                                            examples.stop[ordinal])
     ends = np.cumsum(sizes)
     return [
         CompactBatch(
@@ -386,17 +437,20 @@ def warm_up_kernels() -> tuple[Examples, CompactBatch]:
 def _occurrence_records(
     examples: Examples | _Ranges, plan: _Plan, rows_per_batch: int
 ) -> np.ndarray:
-    """One record per occurrence; ``row`` is local to the occurrence's batch."""
+    """One record per occurrence, in placement order (row by row, left to right); ``row``
+    is local to the occurrence's batch, ``ordinal`` (= segment) the supplied index."""
     count = len(plan.lengths)
+    # Next-fit places in supplied order: take each column whole rather than gathered.
+    at: slice | np.ndarray = slice(None) if plan.in_supplied_order else plan.order
     records = np.empty(count, OCCURRENCE_DTYPE)
-    records["ordinal"] = np.arange(count, dtype=np.int64)
-    records["row"] = plan.row_of % rows_per_batch
-    records["start"] = plan.column_of
-    records["stop"] = plan.column_of + plan.lengths
+    records["ordinal"] = plan.order
+    records["row"] = plan.row_of[at] % rows_per_batch
+    records["start"] = plan.column_of[at]
+    records["stop"] = records["start"] + plan.lengths[at]
     records["segment"] = records["ordinal"]
-    records["source_id"] = examples.source_id
-    records["example_id"] = examples.example_id
-    records["range_start"] = examples.start
-    records["range_stop"] = examples.stop
-    records["doc"] = examples.doc
+    records["source_id"] = examples.source_id[at]
+    records["example_id"] = examples.example_id[at]
+    records["range_start"] = examples.start[at]
+    records["range_stop"] = examples.stop[at]
+    records["doc"] = examples.doc[at]
     return records

@@ -1,6 +1,9 @@
-"""Shared helpers for packing tests: the worked example and both packers side by side."""
+"""Shared helpers for packing tests: the worked example, and both packers under both
+placement policies side by side."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import streampack as sp
 from streampack.reference.packing import reference_pack
@@ -13,4 +16,25 @@ def compiled_pack(examples, binding, config):
     return sp.pack_examples(examples, binding, config).batches
 
 
-PACKERS = {"compiled": compiled_pack, "reference": reference_pack}
+#: Open rows of the best-fit packers: few, so that small cases reach the bound too.
+BEST_FIT_OPEN_ROWS = 2
+
+
+def with_policy(pack, policy: str):
+    """``pack`` with the config's policy replaced by ``policy``."""
+    open_rows = BEST_FIT_OPEN_ROWS if policy == "best_fit" else None
+
+    def packed(examples, binding, config):
+        return pack(examples, binding,
+                    dataclasses.replace(config, policy=policy, open_rows=open_rows))
+
+    packed.policy = policy
+    return packed
+
+
+#: Every implementation under every policy: the scenario suite runs against each.
+PACKERS = {
+    f"{name}-{policy}": with_policy(pack, policy)
+    for policy in sp.PackConfig.POLICIES
+    for name, pack in (("compiled", compiled_pack), ("reference", reference_pack))
+}

@@ -1,9 +1,12 @@
-"""Next-fit packing (rules C1-C4, C8), one scenario suite for the compiled and reference packers."""
+"""Packing (rules C1-C4, C8): one scenario suite for the compiled and reference packers,
+each under both placement policies (next-fit, rule C2, and the opt-in bounded best-fit)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import dataclasses
+
 from _packing_cases import BINDING, PACKERS, A, B, C, compiled_pack
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +15,12 @@ import streampack as sp
 from streampack.reference.packing import reference_pack
 
 packers = pytest.mark.parametrize("pack", PACKERS.values(), ids=PACKERS.keys())
+policies = pytest.mark.parametrize("policy", sp.PackConfig.POLICIES)
+
+
+def with_policy(config: sp.PackConfig, policy: str, open_rows: int | None = None
+                ) -> sp.PackConfig:
+    return dataclasses.replace(config, policy=policy, open_rows=open_rows)
 
 
 def rows_of(batches, field):
@@ -77,12 +86,20 @@ def test_exact_fill_makes_no_empty_row_c2(pack):
 
 
 @packers
-def test_next_fit_never_revisits_a_row_c2(pack):
-    # 4 pairs, then 4 (new row), then 1: next-fit puts it in row 1, not the gap in row 0.
+def test_next_fit_never_revisits_a_row_but_best_fit_fills_the_gap_c2(pack):
+    # 4 pairs, then 4 (new row), then 1: next-fit puts it in row 1, not the gap in row 0;
+    # best-fit finds rows 0 and 1 both leaving 2 cells and takes row 0 (opened first).
     examples = sp.Examples.from_documents([[1] * 5, [2] * 5, [3, 3]])
     batch = pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=4))[0]
-    assert batch.occurrences["row"].tolist() == [0, 1, 1]
-    assert batch.valid_lengths.tolist() == [4, 5]
+    if pack.policy == "next_fit":
+        assert batch.occurrences["row"].tolist() == [0, 1, 1]
+        assert batch.occurrences["ordinal"].tolist() == [0, 1, 2]
+        assert batch.valid_lengths.tolist() == [4, 5]
+    else:  # records row by row, left to right: row 0 holds ordinals 0 and 2
+        assert batch.occurrences["row"].tolist() == [0, 0, 1]
+        assert batch.occurrences["ordinal"].tolist() == [0, 2, 1]
+        assert batch.segments.tolist() == [[0] * 4 + [2, -1], [1] * 4 + [-1, -1]]
+        assert batch.valid_lengths.tolist() == [5, 4]
 
 
 @packers
@@ -188,10 +205,12 @@ def packing_inputs(draw):
     return examples, sp.Binding(vocab, "t", "s", "train"), config
 
 
+@policies
 @settings(max_examples=150, deadline=None)
-@given(packing_inputs())
-def test_compiled_packer_equals_reference_and_keeps_every_pair(case):
+@given(packing_inputs(), st.integers(1, 4))
+def test_compiled_packer_equals_reference_and_keeps_every_pair(policy, case, open_rows):
     examples, binding, config = case
+    config = with_policy(config, policy, open_rows if policy == "best_fit" else None)
     got = compiled_pack(examples, binding, config)
     want = reference_pack(examples, binding, config)
     assert len(got) == len(want)
@@ -213,15 +232,24 @@ def test_compiled_packer_equals_reference_and_keeps_every_pair(case):
             seen.append(int(record["segment"]))
         assert (batch.valid_lengths <= batch.capacity).all()
         assert batch.rows <= config.max_rows_per_batch
-    # C3: one segment per supplied example, unique, in supplied order.
-    assert seen == list(range(len(examples)))
+        # Records run row by row, left to right, and segments increase along a row.
+        order = list(zip(batch.occurrences["row"].tolist(), batch.occurrences["start"].tolist()))
+        assert order == sorted(order)
+        for r in range(batch.rows):
+            row_segments = batch.occurrences["segment"][batch.occurrences["row"] == r]
+            assert (np.diff(row_segments) > 0).all()
+    # C3: one segment per supplied example, unique; next-fit keeps supplied order.
+    assert sorted(seen) == list(range(len(examples)))
+    if policy == "next_fit":
+        assert seen == list(range(len(examples)))
 
 
+@policies
 @settings(max_examples=60, deadline=None)
 @given(packing_inputs())
-def test_allowed_key_key_range_and_permission_agree_everywhere_c6(case):
+def test_allowed_key_key_range_and_permission_agree_everywhere_c6(policy, case):
     examples, binding, config = case
-    for batch in compiled_pack(examples, binding, config):
+    for batch in compiled_pack(examples, binding, with_policy(config, policy)):
         for r in range(batch.rows):
             dense = batch.permission(r)
             for q in range(batch.capacity):
@@ -232,10 +260,11 @@ def test_allowed_key_key_range_and_permission_agree_everywhere_c6(case):
                 assert dense[q].tolist() == from_rule == from_range.tolist()
 
 
-def test_padding_may_not_fill_the_middle_of_a_row():
-    # Next-fit leaves padding only at row tails, which is what makes ranges exact.
+@packers
+def test_padding_may_not_fill_the_middle_of_a_row(pack):
+    # Both policies leave padding only at row tails, which is what makes ranges exact.
     examples = sp.Examples.from_documents([[1] * 4, [2] * 6, [3] * 2])
-    batch = compiled_pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=4))[0]
+    batch = pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=4))[0]
     for r in range(batch.rows):
         valid = batch.input_valid[r]
         assert valid[: batch.valid_lengths[r]].all() and not valid[batch.valid_lengths[r]:].any()
@@ -254,10 +283,12 @@ def test_occurrence_count_must_fit_int32_segment_ids_c3(monkeypatch):
 # -- compact batches: the same batches as plans -----------------------------------------
 
 
+@policies
 @settings(max_examples=100, deadline=None)
 @given(packing_inputs())
-def test_compact_batches_expand_to_exactly_the_packed_batches(case):
+def test_compact_batches_expand_to_exactly_the_packed_batches(policy, case):
     examples, binding, config = case
+    config = with_policy(config, policy)
     packed = compiled_pack(examples, binding, config)
     compact = sp.pack_compact(examples, binding, config)
     assert len(compact) == len(packed)
@@ -269,19 +300,21 @@ def test_compact_batches_expand_to_exactly_the_packed_batches(case):
         assert expanded.digest() == p.digest()
 
 
+@policies
 @settings(max_examples=100, deadline=None)
 @given(packing_inputs())
-def test_plans_from_ranges_alone_are_the_plans_of_pack_compact(case):
+def test_plans_from_ranges_alone_are_the_plans_of_pack_compact(policy, case):
     """A pack worker plans a window without its tokens (they stay with the producer):
-    the ranges alone give the same records and batch sizes."""
+    the ranges alone give the same records and batch sizes, under either policy."""
     examples, binding, config = case
+    config = with_policy(config, policy)
     occurrences, sizes = sp.packing.plan_compact(examples, binding, config)
     lengths = examples.offsets[examples.doc + 1] - examples.offsets[examples.doc]
     offsets = np.concatenate([[0], np.cumsum(lengths)])  # example i selects from document i
     got, got_sizes = sp.packing.plan_ranges(offsets, examples.start, examples.stop,
                                             examples.source_id, examples.example_id, config)
     np.testing.assert_array_equal(got_sizes, sizes)
-    np.testing.assert_array_equal(got["doc"], np.arange(len(examples)))
+    np.testing.assert_array_equal(got["doc"], got["ordinal"])
     for field in sp.OCCURRENCE_DTYPE.names:
         if field != "doc":
             np.testing.assert_array_equal(got[field], occurrences[field], field)
@@ -331,7 +364,7 @@ def _tampered(field: str, index: int, value: int) -> sp.CompactBatch:
         (lambda: _tampered("start", 1, 2), "start where the last ended"),
         (lambda: _tampered("stop", 2, 7), "columns out of range"),
         (lambda: _tampered("row", 2, 2), "no gap"),
-        (lambda: _tampered("ordinal", 1, 5), "consecutive"),
+        (lambda: _tampered("ordinal", 1, 0), "increase along each row"),
         (lambda: _tampered("segment", 1, 0), "segment must equal the ordinal"),
         (lambda: _tampered("range_stop", 0, 9), "range length"),
         (lambda: sp.CompactBatch(tokens=np.array([0, 999] + B + C, np.int32),
@@ -368,3 +401,98 @@ def test_compact_packing_keeps_the_budget_but_needs_far_less_of_it_c8():
     with pytest.raises(sp.MetadataBudgetError, match="max_metadata_bytes=1000"):
         sp.pack_compact(examples, BINDING, sp.PackConfig(
             capacity=64, max_rows_per_batch=2, max_metadata_bytes=1000))
+
+
+# -- the opt-in best-fit policy ----------------------------------------------------------
+
+IMPLEMENTATIONS = {"compiled": compiled_pack, "reference": reference_pack}
+implementations = pytest.mark.parametrize("pack", IMPLEMENTATIONS.values(),
+                                          ids=IMPLEMENTATIONS.keys())
+
+
+def pairs(*lengths: int) -> sp.Examples:
+    """Examples of these prediction lengths (documents one token longer)."""
+    return sp.Examples.from_documents([[i + 1] * (n + 1) for i, n in enumerate(lengths)])
+
+
+@implementations
+def test_best_fit_docstring_picture(pack):
+    config = sp.PackConfig(capacity=6, max_rows_per_batch=4, policy="best_fit", open_rows=2)
+    (batch,) = pack(pairs(4, 4, 2, 1), BINDING, config)
+    assert batch.segments.tolist() == [[0, 0, 0, 0, 2, 2], [1, 1, 1, 1, 3, -1]]
+    assert batch.positions.tolist() == [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 0]]
+    assert batch.segment_starts.tolist() == [[0, 0, 0, 0, 4, 4], [0, 0, 0, 0, 4, -1]]
+    next_fit = pack(pairs(4, 4, 2, 1), BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=4))
+    assert next_fit[0].rows == 3
+
+
+@implementations
+@pytest.mark.parametrize(("open_rows", "rows"), [
+    # A(6) B(7) C(5) D(3) E(3), capacity 10. With 2 open rows, C fits neither, so the
+    # fullest (B's, 3 left) closes and C opens row 2; D takes row 0 (4 left beats 5);
+    # E goes to row 2, since B's row, where it would fit exactly, is closed.
+    (2, [[0, 3], [1], [2, 4]]),
+    # With 3 open rows nothing closes early: D fills B's row exactly (3 left beats 4
+    # and 5), and E takes row 0.
+    (3, [[0, 4], [1, 3], [2]]),
+])
+def test_best_fit_closes_the_fullest_row_at_the_open_row_bound(pack, open_rows, rows):
+    config = sp.PackConfig(capacity=10, max_rows_per_batch=8, policy="best_fit",
+                           open_rows=open_rows)
+    (batch,) = pack(pairs(6, 7, 5, 3, 3), BINDING, config)
+    occ = batch.occurrences
+    assert [occ["ordinal"][occ["row"] == r].tolist() for r in range(batch.rows)] == rows
+
+
+@implementations
+def test_best_fit_batches_cut_rows_in_opening_order_c2(pack):
+    # Row 0 is still open when rows 1 and 2 open; batches take rows 0-1, then 2.
+    config = sp.PackConfig(capacity=10, max_rows_per_batch=2, policy="best_fit", open_rows=3)
+    batches = pack(pairs(6, 7, 8, 4, 3), BINDING, config)
+    assert [b.rows for b in batches] == [2, 1]
+    assert [b.occurrences["ordinal"].tolist() for b in batches] == [[0, 3, 1, 4], [2]]
+    assert [b.valid_lengths.tolist() for b in batches] == [[10, 10], [8]]
+
+
+@settings(max_examples=80, deadline=None)
+@given(packing_inputs())
+def test_best_fit_with_one_open_row_is_next_fit_c2(case):
+    examples, binding, config = case
+    want = compiled_pack(examples, binding, config)
+    for pack in IMPLEMENTATIONS.values():
+        got = pack(examples, binding, with_policy(config, "best_fit", 1))
+        assert [b.digest() for b in got] == [b.digest() for b in want]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.occurrences, w.occurrences)
+
+
+def test_best_fit_fills_more_of_the_benchmark_mix_than_next_fit():
+    # The benchmark's length mix, capacity 2048, a few thousand documents.
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(5.0, 1.0, 3000), 2, 2049).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    examples = sp.Examples(tokens=np.ones(int(offsets[-1]), np.int32), offsets=offsets,
+                           doc=np.arange(3000), start=np.zeros(3000, np.int64), stop=lengths)
+    fill = {}
+    for policy, open_rows in (("next_fit", None), ("best_fit", 64)):
+        config = sp.PackConfig(capacity=2048, max_rows_per_batch=16, policy=policy,
+                               open_rows=open_rows)
+        epoch = sp.pack_examples(examples, BINDING, config)
+        fill[policy] = (lengths - 1).sum() / (epoch.row_count * 2048)
+    assert fill["next_fit"] < 0.9 and fill["best_fit"] > 0.97
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"policy": "first_fit"}, r"policy='first_fit'; accepted: 'next_fit', 'best_fit'"),
+    ({"open_rows": 4}, r"open_rows=4 with policy='next_fit'.*accepted: open_rows=1"),
+    ({"policy": "best_fit", "open_rows": 0}, "open_rows must be a positive integer, got 0"),
+    ({"policy": "best_fit", "open_rows": 5000}, r"open_rows=5000 is too large; accepted: 1..4096"),
+])
+def test_policy_settings_are_checked_once_with_what_is_accepted(fields, message):
+    with pytest.raises(sp.InvalidConfig, match=message):
+        sp.PackConfig(capacity=8, max_rows_per_batch=2, **fields)
+
+
+def test_best_fit_defaults_to_64_open_rows_and_next_fit_to_one():
+    assert sp.PackConfig(capacity=8, max_rows_per_batch=2, policy="best_fit").open_rows == 64
+    assert sp.PackConfig(capacity=8, max_rows_per_batch=2).open_rows == 1

@@ -1,4 +1,5 @@
-"""Compiled next-fit packing: a sequential planner and a parallel row filler.
+"""Compiled packing: sequential planners (next-fit, bounded best-fit), a row grouping
+and a parallel row filler.
 
 Pure functions over arrays; the caller (``streampack.packing``) validates every input
 and allocates every output, so nothing here can fail on user data.
@@ -27,6 +28,77 @@ def plan_next_fit(lengths, capacity, row_of, column_of):  # pragma: no cover - c
         column_of[i] = used
         used += length
     return row + 1 if lengths.shape[0] > 0 else 0
+
+
+@njit(inline="always")
+def _close_slot(slot, open_count, open_row, open_used):  # pragma: no cover - compiled
+    """Drop open slot ``slot``, keeping the others in opening order; the new count."""
+    for s in range(slot, open_count - 1):
+        open_row[s] = open_row[s + 1]
+        open_used[s] = open_used[s + 1]
+    return open_count - 1
+
+
+@njit(cache=True)
+def plan_best_fit(lengths, capacity, open_rows, row_of, column_of, open_row, open_used
+                  ):  # pragma: no cover - compiled
+    """Place example ``i`` at ``(row_of[i], column_of[i])`` by bounded best-fit.
+
+    Examples are taken in supplied order. Each goes to the open row with the least room
+    that still fits it (ties: the earliest opened); when none fits, a new row is opened
+    at the end, first closing the fullest open row (ties: the earliest opened) if
+    ``open_rows`` are already open. A row that becomes exactly full closes at once.
+    Rows are numbered in the order they open. ``open_row``/``open_used`` are scratch of
+    ``open_rows`` entries: the open rows in opening order and the cells each has used.
+    Returns the number of rows used.
+    """
+    open_count = 0
+    rows = 0
+    for i in range(lengths.shape[0]):
+        length = lengths[i]
+        best = -1
+        best_room = capacity + 1
+        for s in range(open_count):
+            room = capacity - open_used[s]
+            if length <= room < best_room:
+                best, best_room = s, room
+        if best < 0:
+            if open_count == open_rows:
+                fullest = 0
+                for s in range(1, open_count):
+                    if open_used[s] > open_used[fullest]:
+                        fullest = s
+                open_count = _close_slot(fullest, open_count, open_row, open_used)
+            open_row[open_count] = rows
+            open_used[open_count] = 0
+            best = open_count
+            open_count += 1
+            rows += 1
+        row_of[i] = open_row[best]
+        column_of[i] = open_used[best]
+        open_used[best] += length
+        if open_used[best] == capacity:
+            open_count = _close_slot(best, open_count, open_row, open_used)
+    return rows
+
+
+@njit(cache=True)
+def group_by_row(row_of, row_first, order):  # pragma: no cover - compiled
+    """Examples grouped by row, each row's in supplied order (which is their column
+    order: a row only ever grows at its end): row ``r`` holds examples
+    ``order[row_first[r] : row_first[r + 1]]``. A stable counting sort; ``row_first``
+    has ``rows + 1`` entries and is used as the cursor scratch too."""
+    row_first[:] = 0
+    for i in range(row_of.shape[0]):
+        row_first[row_of[i] + 1] += 1
+    for r in range(1, row_first.shape[0]):
+        row_first[r] += row_first[r - 1]
+    for i in range(row_of.shape[0]):  # row_first[r] is row r's next free place ...
+        order[row_first[row_of[i]]] = i
+        row_first[row_of[i]] += 1
+    for r in range(row_first.shape[0] - 1, 0, -1):  # ... and ends at row r+1's first
+        row_first[r] = row_first[r - 1]
+    row_first[0] = 0
 
 
 @njit(inline="always")
@@ -67,19 +139,21 @@ def _write_padding(
 
 @njit(parallel=True, cache=True)
 def fill_rows(
-    tokens, offsets, doc, start, stop, row_first, first_segment,
+    tokens, offsets, doc, start, stop, order, row_first, first_segment,
     inputs, targets, segments, positions,
     input_valid, target_valid, loss_mask, segment_starts, valid_lengths,
 ):  # pragma: no cover - compiled
     """Write every cell of every row once: the occurrences in order, then padding.
 
-    Row ``r`` holds examples ``row_first[r] .. row_first[r+1]-1``; example ``i`` gets
-    segment ``first_segment + i``. Rows are independent, so threads split them with no
-    shared writes.
+    Row ``r`` holds examples ``order[row_first[r] .. row_first[r+1]-1]``, left to right
+    (next-fit's ``order`` is ``0, 1, 2, ...``); example ``i`` gets segment
+    ``first_segment + i``. Rows are independent, so threads split them with no shared
+    writes.
     """
     for r in prange(row_first.shape[0] - 1):
         column = 0
-        for i in range(row_first[r], row_first[r + 1]):
+        for j in range(row_first[r], row_first[r + 1]):
+            i = order[j]
             length = stop[i] - start[i] - 1
             _write_example(tokens, offsets[doc[i]] + start[i], length, r, column,
                            first_segment + i, inputs, targets, segments, positions,
@@ -142,12 +216,15 @@ def check_compact(occurrences, tokens, rows, capacity, vocab_size):  # pragma: n
 
     What it proves is what the fill relies on: rows run ``0 .. rows-1`` without a gap,
     each occurrence starts where the one before it in its row ended and stays inside
-    the row, and the tokens are exactly the ranges' tokens, inside the vocabulary.
-    (Records whole, not field views: see :func:`fill_compact`.)
+    the row, and the tokens are exactly the ranges' tokens, inside the vocabulary —
+    and what block-causal permission relies on: along each row, ordinals (= segments)
+    strictly increase, so no two occurrences of a row share a segment. (Next-fit's
+    ordinals are consecutive across the batch; best-fit's are not, a row taking later
+    examples before an earlier row's.) (Records whole, not field views: see
+    :func:`fill_compact`.)
     """
     n = occurrences.shape[0]
     total = 0
-    first_ordinal = occurrences[0].ordinal if n > 0 else 0
     for i in range(n):
         record = occurrences[i]
         expected_row = 0 if i == 0 else occurrences[i - 1].row
@@ -161,7 +238,8 @@ def check_compact(occurrences, tokens, rows, capacity, vocab_size):  # pragma: n
             return COMPACT_START, i
         if not record.start < record.stop <= capacity:
             return COMPACT_COLUMNS, i
-        if record.ordinal != first_ordinal + i or record.ordinal < 0 or record.ordinal >= 2**31:
+        if (record.ordinal < 0 or record.ordinal >= 2**31
+                or not (new_row or record.ordinal > occurrences[i - 1].ordinal)):
             return COMPACT_ORDINAL, i
         if record.segment != record.ordinal:
             return COMPACT_SEGMENT, i

@@ -1,7 +1,9 @@
-"""A plain-Python next-fit packer: slow, obviously right, and the oracle for the kernels.
+"""A plain-Python packer (next-fit and bounded best-fit): slow, obviously right, and
+the oracle for the kernels.
 
-It walks examples one by one and writes cells one by one, straight from rules C1-C5,
-sharing nothing with the compiled path but the output types.
+It walks examples one by one and writes cells one by one, straight from rules C1-C5
+and the placement rules of ``streampack.packing``'s docstring, sharing nothing with
+the compiled path but the output types.
 """
 
 from __future__ import annotations
@@ -13,23 +15,60 @@ from ..config import PackConfig
 from ..errors import OversizedExample
 from ..examples import Binding, Examples
 
+#: A placed example: (ordinal, inputs, targets).
+Placed = tuple[int, list[int], list[int]]
+
+
+def _next_fit(pairs: list[Placed], capacity: int) -> list[list[Placed]]:
+    rows: list[list[Placed]] = []
+    used = capacity  # forces a first row
+    for placed in pairs:
+        if len(placed[1]) > capacity - used:
+            rows.append([])
+            used = 0
+        rows[-1].append(placed)
+        used += len(placed[1])
+    return rows
+
+
+def _best_fit(pairs: list[Placed], capacity: int, open_rows: int) -> list[list[Placed]]:
+    rows: list[list[Placed]] = []  # in opening order
+    open_: list[int] = []  # indices into rows of the open ones, in opening order
+
+    def room(r: int) -> int:
+        return capacity - sum(len(inputs) for _, inputs, _ in rows[r])
+
+    for placed in pairs:
+        length = len(placed[1])
+        fitting = [r for r in open_ if room(r) >= length]
+        if fitting:
+            target = min(fitting, key=lambda r: (room(r), open_.index(r)))
+        else:
+            if len(open_) == open_rows:
+                open_.remove(min(open_, key=lambda r: (room(r), open_.index(r))))
+            rows.append([])
+            target = len(rows) - 1
+            open_.append(target)
+        rows[target].append(placed)
+        if room(target) == 0:
+            open_.remove(target)
+    return rows
+
 
 def reference_pack(examples: Examples, binding: Binding, config: PackConfig) -> list[PackedBatch]:
     """The batches ``pack_examples`` must produce, built cell by cell."""
     examples.check_vocabulary(binding.vocab_size)
-    # rows[r] is a list of (ordinal, inputs, targets) in placement order.
-    rows: list[list[tuple[int, list[int], list[int]]]] = []
-    used = config.capacity  # forces a first row
+    pairs: list[Placed] = []
     for i in range(len(examples)):
         selected = [int(t) for t in examples.example_tokens(i)]
         inputs, targets = selected[:-1], selected[1:]
         if len(inputs) > config.capacity:
             raise OversizedExample(f"{examples.describe(i)} has {len(inputs)} pairs")
-        if len(inputs) > config.capacity - used:
-            rows.append([])
-            used = 0
-        rows[-1].append((i, inputs, targets))
-        used += len(inputs)
+        pairs.append((i, inputs, targets))
+    if config.policy == "best_fit":
+        rows = _best_fit(pairs, config.capacity, config.open_rows)
+    else:
+        rows = _next_fit(pairs, config.capacity)
 
     batches = []
     for first in range(0, len(rows), config.max_rows_per_batch):
