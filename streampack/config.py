@@ -54,6 +54,12 @@ class PackConfig:
 
     POLICIES = POLICIES
 
+    @property
+    def open_row_limit(self) -> int:
+        """``open_rows`` as ``__post_init__`` settled it: the policy's default when not
+        given, so never None."""
+        return self.open_rows or 1
+
     def __post_init__(self) -> None:
         _require_positive_int("capacity", self.capacity, maximum=_INT32_MAX)
         _require_positive_int("max_rows_per_batch", self.max_rows_per_batch)

@@ -182,7 +182,7 @@ def _plan(
 ) -> tuple[_Plan, int]:
     """Validate, budget and plan one call; returns the plan and its metadata peak."""
     _check_types(examples, binding, config)
-    _enforce_budget(planner_bytes(len(examples), config.open_rows), config, "planning")
+    _enforce_budget(planner_bytes(len(examples), config.open_row_limit), config, "planning")
     lengths = _validate(examples, binding, config)
     return _place(lengths, config, compact=compact)
 
@@ -212,9 +212,9 @@ def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_
     row_of = np.empty(count, np.int64)
     column_of = np.empty(count, np.int64)
     if config.policy == "best_fit":
-        open_row = np.empty(config.open_rows, np.int64)
-        open_used = np.empty(config.open_rows, np.int64)
-        row_count = int(plan_best_fit(lengths, config.capacity, config.open_rows, row_of,
+        open_row = np.empty(config.open_row_limit, np.int64)
+        open_used = np.empty(config.open_row_limit, np.int64)
+        row_count = int(plan_best_fit(lengths, config.capacity, config.open_row_limit, row_of,
                                       column_of, open_row, open_used))
     else:
         row_count = int(plan_next_fit(lengths, config.capacity, row_of, column_of))
@@ -233,7 +233,7 @@ def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_
         )
     selected = int(lengths.sum()) + count if compact else None
     peak = metadata_bytes(count, row_count, batch_count, config.capacity,
-                          selected_tokens=selected, open_rows=config.open_rows)
+                          selected_tokens=selected, open_rows=config.open_row_limit)
     _enforce_budget(peak, config, f"packing {count} examples into {row_count} rows")
     if config.policy == "next_fit":  # rows already hold consecutive examples
         order = np.arange(count, dtype=np.int64)
@@ -325,7 +325,7 @@ def plan_ranges(
             f"{count} ranges need {count + 1} offsets and {count} stops, source and example "
             f"ids; got {offsets.shape[0]}, {stop.shape[0]}, {source_id.shape[0]}, "
             f"{example_id.shape[0]}")
-    _enforce_budget(planner_bytes(count, config.open_rows), config, "planning")
+    _enforce_budget(planner_bytes(count, config.open_row_limit), config, "planning")
     check_offsets(offsets, int(offsets[-1]))  # no tokens here to end at: start, order
     doc = np.arange(count, dtype=np.int64)
 

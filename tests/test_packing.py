@@ -3,10 +3,10 @@ each under both placement policies (next-fit, rule C2, and the opt-in bounded be
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
 import dataclasses
 
+import numpy as np
+import pytest
 from _packing_cases import BINDING, PACKERS, A, B, C, compiled_pack
 from hypothesis import given, settings
 from hypothesis import strategies as st

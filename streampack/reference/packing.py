@@ -66,7 +66,7 @@ def reference_pack(examples: Examples, binding: Binding, config: PackConfig) -> 
             raise OversizedExample(f"{examples.describe(i)} has {len(inputs)} pairs")
         pairs.append((i, inputs, targets))
     if config.policy == "best_fit":
-        rows = _best_fit(pairs, config.capacity, config.open_rows)
+        rows = _best_fit(pairs, config.capacity, config.open_row_limit)
     else:
         rows = _next_fit(pairs, config.capacity)
 
