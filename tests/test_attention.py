@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streampack import Examples, InvalidArray, InvalidConfig, PackConfig, pack_examples
-from streampack.kernels import attention_cpu as cpu_kernels
+from streampack.kernels import attention_ir as ir_kernels
 from streampack.kernels.attention import range_attention, range_attention_backward
 from streampack.reference.attention import attention_backward, attention_forward, range_mask
 
@@ -387,7 +387,7 @@ def test_device_arrays_are_refused_on_the_cpu_path():
 @given(data=st.data())
 def test_key_query_end_is_one_past_the_last_query_that_sees_each_key(data):
     """The dK/dV loop bound: checked against its definition, on arbitrary ranges."""
-    from streampack.kernels.attention_cpu import key_query_end
+    from streampack.kernels.attention_plan import key_query_end
 
     capacity = data.draw(st.integers(1, 24))
     valid = np.array([data.draw(st.integers(0, capacity))], np.int32)
@@ -409,13 +409,13 @@ def test_key_query_end_is_one_past_the_last_query_that_sees_each_key(data):
 @numba.njit
 def _micro_product(kind, rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):
     if kind == 0:
-        cpu_kernels._score_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
+        ir_kernels.score_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
     elif kind == 1:
-        cpu_kernels._value_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
+        ir_kernels.value_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
     elif kind == 2:
-        cpu_kernels._half_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
+        ir_kernels.half_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
     else:
-        cpu_kernels._single_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
+        ir_kernels.single_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -429,7 +429,7 @@ def test_micro_tiles_match_np_dot_on_every_row_count(dtype, kind, transposed_a):
     rng = np.random.default_rng(kind)
     width = {0: 2, 1: 2, 2: 1, 3: 0}[kind] * (32 // np.dtype(dtype).itemsize)
     cols = max(width, 1)
-    for rows in range(1, cpu_kernels.MICRO_ROWS + 1):
+    for rows in range(1, ir_kernels.MICRO_ROWS + 1):
         for kdim in (0, 1, 7, 64):
             a_full = rng.standard_normal((rows + 3, kdim + 5)).astype(dtype)
             a_block = a_full[2 : 2 + rows, 3 : 3 + kdim]
@@ -486,7 +486,7 @@ def test_cpu_forward_scores_far_above_a_querys_own_score(dtype, rise, tiles):
     when a score rises more than ``SHIFT_SLACK`` above it: keys whose scores rise by
     ``rise`` over everything else, one early in the segment (a chunk wholly in range)
     and one inside a diagonal chunk, must give the reference's result either way."""
-    assert (rise < cpu_kernels.SHIFT_SLACK) == (rise == 10.0)
+    assert (rise < ir_kernels.SHIFT_SLACK) == (rise == 10.0)
     lengths = [[200], [30, 170]]
     capacity, dim = 200, 16
     starts, valid, permission = packed(capacity, lengths)

@@ -184,7 +184,7 @@ def _cpu_kernel_inventory(batch, tile_q, tile_k):
     """The CPU kernel's own traversal: query tiles cut into blocks at segment starts by
     its compiled ``_next_block``, keys ``[lowest, b)`` in chunks of ``tile_k``, and the
     per-element window ``[lo, hi)`` its softmax loop reads."""
-    from streampack.kernels.attention_cpu import _next_block
+    from streampack.kernels.attention_plan import next_block as _next_block
 
     starts = np.ascontiguousarray(batch.segment_starts, np.int32)
     valid = batch.valid_lengths

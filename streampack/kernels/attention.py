@@ -255,6 +255,7 @@ def range_attention(
 
         return attention_cuda.forward(q, k, v, starts, valid, scale_value, _tiles)
     from . import attention_cpu as cpu
+    from . import attention_plan as plan_kernels
 
     n = rows * heads * capacity
     qf, kf, vf = (_flat(_host_float(name, x), n, dim) for name, x in floats.items())
@@ -266,7 +267,7 @@ def range_attention(
         import numba
 
         tile_q, tile_k = _tiles or (cpu.TILE_Q, cpu.FORWARD_TILE_K)
-        plan = cpu.plan_forward(starts, valid, heads, tile_q, numba.get_num_threads())
+        plan = plan_kernels.plan_forward(starts, valid, heads, tile_q, numba.get_num_threads())
         # scale in the array dtype: a float64 scale would drag float32 arithmetic
         # (and the exp) to float64
         typed_scale = dtype.type(scale_value)
@@ -311,6 +312,7 @@ def range_attention_backward(
 
         return attention_cuda.backward(q, k, v, out, lse, d_out, starts, valid, scale_value, _tiles)
     from . import attention_cpu as cpu
+    from . import attention_plan as plan_kernels
 
     n = rows * heads * capacity
     qf, kf, vf, of, gf = (_flat(_host_float(name, x), n, dim) for name, x in floats.items())
@@ -324,8 +326,8 @@ def range_attention_backward(
 
         tile_q, tile_k = _tiles or (cpu.TILE_Q, cpu.key_tile(dim))
         key_end = np.empty((rows, capacity), np.int32)
-        cpu.key_query_end(starts, valid, key_end)
-        plan = cpu.plan_backward(starts, valid, heads, tile_q, numba.get_num_threads())
+        plan_kernels.key_query_end(starts, valid, key_end)
+        plan = plan_kernels.plan_backward(starts, valid, heads, tile_q, numba.get_num_threads())
         cpu.backward(  # type: ignore[call-arg]  # (as cpu.forward above)
             qf, kf, vf, of, lse_host, gf, starts, valid, key_end, dtype.type(scale_value),
             tile_q, tile_k, *plan, dq, dk, dv,

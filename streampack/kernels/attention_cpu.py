@@ -26,7 +26,7 @@ block ``[a, b)`` needs keys ``[min(starts[a:b]), b)``.
 Forward: the keys of a block are taken ``tile_k`` at a time from ``b`` back towards the
 segment start, so the first chunk holds the diagonal. Per block the scaled queries are
 transposed once into ``qt`` (``scale * q``, ``[head_dim, queries]``, by 8x8 register
-tiles: :func:`_transpose_tile`) and the block's rows of ``out`` are zeroed (``out``
+tiles: ``attention_ir._transpose_tile``) and the block's rows of ``out`` are zeroed (``out``
 arrives uninitialised; no accumulator, no copy). Per chunk
 
 * ``st = K qt`` (``[keys, queries]``) by register-blocked micro-tiles of 6 keys x 16
@@ -51,7 +51,7 @@ Measured on the benchmark's shapes (one process, old and new alternating) the fi
 shift with the fused exp, the register transpose and the in-kernel zeroing of ``out``
 together made the forward about 1.3x faster than the two-pass online softmax before.
 
-The micro-tiles are LLVM IR written here (:func:`_micro_kernel`): the accumulators stay
+The micro-tiles are LLVM IR (``attention_ir._micro_kernel``): the accumulators stay
 in vector registers for the whole inner product and every step is broadcasts, vector
 loads and ``llvm.fmuladd``. Measured on the benchmark's shapes they ran about 1.7x the
 rate of OpenBLAS on the same 64x64x64 products called through ``np.dot``, which pays for
@@ -68,11 +68,16 @@ cells, so there are no races and no atomics, and the result does not depend on t
 
 Backward (flash style): ``P`` is recomputed from the saved ``lse``; ``D = rowsum(dO*O)``.
 For each key block ``[c, e)`` the queries that may see it are ``[c, key_end)`` where
-``key_end`` (from :func:`key_query_end`) is one past the last query whose range reaches
+``key_end`` (from ``attention_plan.key_query_end``) is one past the last query whose range reaches
 the block; ``dK``/``dV`` of the block accumulate in scratch and are written once, while
 ``dQ`` accumulates in place — it belongs to the same task, a chunk of columns that no
 range crosses (in a packed row, whole segments). This does five GEMMs per block pair
 instead of the seven that separate dQ and dK/dV passes need.
+
+Three modules: this one holds the drivers (``forward``, ``backward``) and the loops
+between them and the tiles; :mod:`~streampack.kernels.attention_ir` generates the LLVM
+IR (micro-tiles, the fast exp); :mod:`~streampack.kernels.attention_plan` cuts blocks
+and deals tasks, and is shared with the CUDA kernels.
 """
 
 from __future__ import annotations
@@ -80,10 +85,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba import njit, prange
+
+from .attention_ir import (
+    MICRO_ROWS,
+    SHIFT_SLACK,
+    edge_tile,
+    exp_nonpositive,
+    half_tile,
+    micro_columns,
+    score_tile,
+    single_tile,
+    softmax_tile,
+    transpose_scaled,
+    value_tile,
+)
+from .attention_plan import next_block
 
 #: Queries per block (at most): the rows of every GEMM.
 TILE_Q = 64
@@ -92,14 +109,6 @@ GEMM_BUDGET = 64 * 64 * 64
 #: Keys per forward chunk: the scores of a chunk, ``FORWARD_TILE_K x TILE_Q``, take 16 KB
 #: in float32 and stay in L1 next to the transposed queries.
 FORWARD_TILE_K = 64
-#: How far (natural log units) a score may rise above the fixed softmax shift before the
-#: chunk is redone with the exact running-max rescaling: ``exp(16)`` is about 9e6, far
-#: from overflowing a sum or ``P V`` in float32.
-SHIFT_SLACK = 16.0
-
-_LOG2E = 1.4426950408889634
-#: ``2**f`` on ``[0, 1)``, highest power first (relative error below 2e-6).
-_EXP2_POLY = (1.8775767e-3, 8.9893397e-3, 5.5826318e-2, 2.4015361e-1, 6.9315308e-1, 9.9999994e-1)
 
 #: Fast-math flags that keep IEEE infinities and NaNs (no ``nnan``/``ninf``) and libm's
 #: exact functions (no ``afn``) but let LLVM reassociate sums, so row sums and the exp
@@ -113,471 +122,6 @@ def key_tile(head_dim: int) -> int:
     return max(1, GEMM_BUDGET // (TILE_Q * max(head_dim, 1)))
 
 
-@intrinsic
-def _f32_from_bits(typingctx, bits):  # pragma: no cover - compiled
-    """Reinterpret the bits of an int32 as a float32 (builds ``2**n`` without libm)."""
-    if bits != types.int32:
-        return None
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return sig, codegen
-
-
-def _exp_nonpositive(x):  # pragma: no cover - replaced by the overload below
-    return math.exp(x)
-
-
-@overload(_exp_nonpositive)
-def _exp_nonpositive_impl(x):  # pragma: no cover - compiled
-    """``exp(x)`` for ``x <= 0`` (softmax after max subtraction).
-
-    float32: ``2**t`` with ``t = x log2(e)`` split into integer and fraction, a degree-5
-    polynomial for the fraction (relative error below 2e-6, a few float32 ulps) and the
-    exponent placed with a bit cast, so the loop vectorises; libm's ``expf`` would not
-    and would cost more than the GEMMs. Results below ``2**-126`` flush to that bound,
-    which softmax cannot tell from zero. float64 keeps ``math.exp``.
-    """
-    if x == types.float32:
-
-        def impl(x):
-            t = x * np.float32(_LOG2E)
-            t = max(t, np.float32(-126.0))
-            n = np.floor(t)
-            f = t - n
-            p = np.float32(_EXP2_POLY[0])
-            p = p * f + np.float32(_EXP2_POLY[1])
-            p = p * f + np.float32(_EXP2_POLY[2])
-            p = p * f + np.float32(_EXP2_POLY[3])
-            p = p * f + np.float32(_EXP2_POLY[4])
-            p = p * f + np.float32(_EXP2_POLY[5])
-            return p * _f32_from_bits(np.int32((np.int32(n) + np.int32(127)) << np.int32(23)))
-
-        return impl
-    return lambda x: math.exp(x)
-
-
-#: Rows of a micro-tile: its accumulators (rows x 2 vectors of 32 bytes) plus two rows of
-#: B and one broadcast fit the 16 vector registers of AVX2.
-MICRO_ROWS = 6
-
-
-def _emit_product(context, builder, signature, args, rows, vectors, vector, accumulate, softmax):
-    """Code of :func:`_micro_kernel`'s intrinsics (``args`` as their signature)."""
-    c_arr, c_off, ldc, a_arr, a_off, sa_i, sa_k, b_arr, b_off, ldb, kdim = args[:11]
-    c_ty, a_ty, b_ty = signature.args[0], signature.args[3], signature.args[7]
-    c_ptr = context.make_array(c_ty)(context, builder, c_arr).data
-    a_ptr = context.make_array(a_ty)(context, builder, a_arr).data
-    b_ptr = context.make_array(b_ty)(context, builder, b_arr).data
-    bits = c_ty.dtype.bitwidth
-    width = 256 // bits if vector else 1
-    f_ty = context.get_value_type(c_ty.dtype)
-    v_ty = ir.VectorType(f_ty, width) if width > 1 else f_ty
-    suffix = (f"v{width}" if width > 1 else "") + f"f{bits}"
-    fma = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(v_ty, [v_ty] * 3), "llvm.fmuladd." + suffix
-    )
-    i_ty = context.get_value_type(types.intp)
-    align = bits // 8
-
-    def const(n):
-        return ir.Constant(i_ty, n)
-
-    def vector_at(ptr, offset):
-        return builder.bitcast(builder.gep(ptr, [offset]), v_ty.as_pointer())
-
-    def c_slot(i, j):
-        offset = builder.add(c_off, builder.add(builder.mul(ldc, const(i)), const(j)))
-        return vector_at(c_ptr, offset)
-
-    tiles = [(i, j * width) for i in range(rows) for j in range(vectors)]
-    zero = ir.Constant(v_ty, None)
-    start = [
-        builder.load(c_slot(i, j), align=align) if accumulate else zero for i, j in tiles
-    ]
-    entry = builder.block
-    loop = builder.append_basic_block("micro.loop")
-    done = builder.append_basic_block("micro.done")
-    builder.cbranch(builder.icmp_signed(">", kdim, const(0)), loop, done)
-
-    builder.position_at_end(loop)
-    kk = builder.phi(i_ty)
-    kk.add_incoming(const(0), entry)
-    acc = []
-    for value in start:
-        phi = builder.phi(v_ty)
-        phi.add_incoming(value, entry)
-        acc.append(phi)
-    b_row = builder.add(b_off, builder.mul(kk, ldb))
-    b_vals = [
-        builder.load(vector_at(b_ptr, builder.add(b_row, const(j * width))), align=align)
-        for j in range(vectors)
-    ]
-    a_col = builder.add(a_off, builder.mul(kk, sa_k))
-    new = []
-    for i in range(rows):
-        scalar = builder.load(
-            builder.gep(a_ptr, [builder.add(a_col, builder.mul(sa_i, const(i)))])
-        )
-        if width > 1:
-            lane = builder.insert_element(
-                ir.Constant(v_ty, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0)
-            )
-            mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
-            scalar = builder.shuffle_vector(lane, ir.Constant(v_ty, ir.Undefined), mask)
-        for j in range(vectors):
-            new.append(builder.call(fma, [scalar, b_vals[j], acc[i * vectors + j]]))
-    kk_next = builder.add(kk, const(1))
-    kk.add_incoming(kk_next, loop)
-    for phi, value in zip(acc, new):
-        phi.add_incoming(value, loop)
-    builder.cbranch(builder.icmp_signed("<", kk_next, kdim), loop, done)
-
-    builder.position_at_end(done)
-    final = []
-    for value, updated in zip(start, new):
-        phi = builder.phi(v_ty)
-        phi.add_incoming(value, entry)
-        phi.add_incoming(updated, loop)
-        final.append(phi)
-    if softmax:
-        final = _emit_shifted_exp(context, builder, signature, args, final, rows, vectors, width)
-    for (i, j), value in zip(tiles, final):
-        builder.store(value, c_slot(i, j), align=align)
-    return context.get_dummy_value()
-
-
-def _micro_kernel(rows, vectors, vector, accumulate, softmax=False):
-    """An intrinsic for one micro-tile ``C[i, j] (+)= sum_kk A[i, kk] * B[kk, j]``.
-
-    ``i < rows``; ``j < vectors * w`` where ``w`` is the number of elements in 32 bytes
-    (8 float32, 4 float64) when ``vector``, else ``w = 1``. Element ``(i, kk)`` of A is at
-    ``a_off + i * sa_i + kk * sa_k``; row ``kk`` of B at ``b_off + kk * ldb`` (its ``w *
-    vectors`` elements consecutive); row ``i`` of C at ``c_off + i * ldc``. Offsets count
-    elements from the start of each array's data, which must be C-contiguous. The
-    accumulators stay in registers for the whole ``kk`` loop and C is read (when
-    ``accumulate``) and written once; every step is ``rows`` broadcasts, ``vectors``
-    loads of B and ``rows * vectors`` ``llvm.fmuladd`` (a fused multiply-add where the
-    CPU has one).
-
-    With ``softmax`` (no ``accumulate``, ``vector``, two vectors) the intrinsic takes
-    three more arguments, ``stats, s_off, lds``, and stores ``exp(C[i, j] - shift[j])``
-    instead of ``C``, adding it to ``total[j]`` and raising ``rise[j]`` to at least
-    ``C[i, j] - shift[j]``, where ``shift``, ``total`` and ``rise`` start at ``s_off``,
-    ``s_off + lds`` and ``s_off + 2 * lds`` in ``stats`` (see :func:`_emit_shifted_exp`).
-    """
-    if softmax:
-
-        @intrinsic
-        def micro_softmax(
-            typingctx, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds
-        ):
-            arrays = (c, a, b, stats)
-            if not all(isinstance(x, types.Array) for x in arrays):
-                return None
-            if not all(x.dtype == c.dtype and x.layout == "C" for x in arrays):
-                return None
-            if c.dtype not in (types.float32, types.float64):
-                return None
-            intp = types.intp
-            sig = types.void(
-                c, intp, intp, a, intp, intp, intp, b, intp, intp, intp, stats, intp, intp
-            )
-
-            def codegen(context, builder, signature, args):
-                return _emit_product(
-                    context, builder, signature, args, rows, vectors, True, False, True
-                )
-
-            return sig, codegen
-
-        return micro_softmax
-
-    @intrinsic
-    def micro(typingctx, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):
-        arrays = (c, a, b)
-        if not all(isinstance(x, types.Array) for x in arrays):
-            return None
-        if not all(x.dtype == c.dtype and x.layout == "C" for x in arrays):
-            return None
-        if c.dtype not in (types.float32, types.float64):
-            return None
-        intp = types.intp
-        sig = types.void(c, intp, intp, a, intp, intp, intp, b, intp, intp, intp)
-
-        def codegen(context, builder, signature, args):
-            return _emit_product(
-                context, builder, signature, args, rows, vectors, vector, accumulate, False
-            )
-
-        return sig, codegen
-
-    return micro
-
-
-def _emit_shifted_exp(context, builder, signature, args, values, rows, vectors, width):
-    """The softmax epilogue of a micro-tile: ``values`` (``rows x vectors`` vectors of
-    scores) become ``exp(min(score - shift, SHIFT_SLACK))``; per column vector the sum
-    and the largest ``score - shift`` are updated in ``stats`` (layout in
-    :func:`_micro_kernel`). float32 uses the polynomial of :func:`_exp_nonpositive` on
-    the vectors; float64 calls ``llvm.exp``. A NaN score stays NaN in the exp and the sum.
-    """
-    s_arr, s_off, lds = args[11], args[12], args[13]
-    s_ty = signature.args[11]
-    s_ptr = context.make_array(s_ty)(context, builder, s_arr).data
-    f_ty = context.get_value_type(s_ty.dtype)
-    v_ty = ir.VectorType(f_ty, width)
-    bits = s_ty.dtype.bitwidth
-    align = bits // 8
-
-    def splat(x):
-        return ir.Constant(v_ty, [x] * width)
-
-    def slot(offset, j):
-        ptr = builder.gep(s_ptr, [builder.add(offset, ir.Constant(offset.type, j * width))])
-        return builder.bitcast(ptr, v_ty.as_pointer())
-
-    total_off = builder.add(s_off, lds)
-    rise_off = builder.add(total_off, lds)
-    shift = [builder.load(slot(s_off, j), align=align) for j in range(vectors)]
-    total = [builder.load(slot(total_off, j), align=align) for j in range(vectors)]
-    rise = [builder.load(slot(rise_off, j), align=align) for j in range(vectors)]
-    suffix = f"v{width}f{bits}"
-    fn = ir.FunctionType(v_ty, [v_ty])
-    fma = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(v_ty, [v_ty] * 3), "llvm.fmuladd." + suffix
-    )
-    out = []
-    for idx, value in enumerate(values):
-        j = idx % vectors
-        d = builder.fsub(value, shift[j])
-        rise[j] = builder.select(builder.fcmp_ordered(">", d, rise[j]), d, rise[j])
-        # "unordered or less": a NaN passes through
-        slack = splat(SHIFT_SLACK)
-        d = builder.select(builder.fcmp_unordered("<", d, slack), d, slack)
-        if bits == 32:
-            t = builder.fmul(d, splat(_LOG2E))
-            t = builder.select(builder.fcmp_unordered(">", t, splat(-126.0)), t, splat(-126.0))
-            floor = cgutils.get_or_insert_function(builder.module, fn, "llvm.floor." + suffix)
-            n = builder.call(floor, [t])
-            f = builder.fsub(t, n)
-            p = splat(_EXP2_POLY[0])
-            for coefficient in _EXP2_POLY[1:]:
-                p = builder.call(fma, [p, f, splat(coefficient)])
-            i_ty = ir.VectorType(ir.IntType(32), width)
-            exponent = builder.add(builder.fptosi(n, i_ty), ir.Constant(i_ty, [127] * width))
-            exponent = builder.shl(exponent, ir.Constant(i_ty, [23] * width))
-            e = builder.fmul(p, builder.bitcast(exponent, v_ty))
-        else:
-            exp = cgutils.get_or_insert_function(builder.module, fn, "llvm.exp." + suffix)
-            e = builder.call(exp, [d])
-        total[j] = builder.fadd(total[j], e)
-        out.append(e)
-    for j in range(vectors):
-        builder.store(total[j], slot(total_off, j), align=align)
-        builder.store(rise[j], slot(rise_off, j), align=align)
-    return out
-
-
-_score1, _score2, _score3, _score4, _score5, _score6 = (
-    _micro_kernel(rows, 2, True, False) for rows in range(1, MICRO_ROWS + 1)
-)
-@intrinsic
-def _transpose_tile(typingctx, dst, dst_off, ldd, src, src_off, lds, scale):  # pragma: no cover
-    """``dst[dst_off + c * ldd + r] = scale * src[src_off + r * lds + c]`` for ``r, c < w``
-    (``w`` elements in 32 bytes: 8 float32, 4 float64): ``w`` vector loads, a transpose
-    in registers (LLVM picks the shuffles) and ``w`` vector stores."""
-    if not all(isinstance(x, types.Array) and x.layout == "C" for x in (dst, src)):
-        return None
-    if dst.dtype != src.dtype or dst.dtype not in (types.float32, types.float64):
-        return None
-    if scale != dst.dtype:
-        return None
-    intp = types.intp
-    sig = types.void(dst, intp, intp, src, intp, intp, scale)
-
-    def codegen(context, builder, signature, args):
-        d_arr, d_off, ldd, s_arr, s_off, lds, factor = args
-        d_ptr = context.make_array(signature.args[0])(context, builder, d_arr).data
-        s_ptr = context.make_array(signature.args[3])(context, builder, s_arr).data
-        bits = signature.args[0].dtype.bitwidth
-        width = 256 // bits
-        f_ty = context.get_value_type(signature.args[0].dtype)
-        v_ty = ir.VectorType(f_ty, width)
-        i_ty = context.get_value_type(intp)
-        i32 = ir.IntType(32)
-
-        def at(ptr, offset, stride, i):
-            index = builder.add(offset, builder.mul(stride, ir.Constant(i_ty, i)))
-            return builder.bitcast(builder.gep(ptr, [index]), v_ty.as_pointer())
-
-        rows = [builder.load(at(s_ptr, s_off, lds, r), align=bits // 8) for r in range(width)]
-        undefined = ir.Constant(v_ty, ir.Undefined)
-        lane = builder.insert_element(undefined, factor, ir.Constant(i32, 0))
-        zeros = ir.Constant(ir.VectorType(i32, width), [0] * width)
-        splat = builder.shuffle_vector(lane, undefined, zeros)
-        for c in range(width):
-            column = ir.Constant(v_ty, ir.Undefined)
-            for r in range(width):
-                element = builder.extract_element(rows[r], ir.Constant(i32, c))
-                column = builder.insert_element(column, element, ir.Constant(i32, r))
-            builder.store(builder.fmul(column, splat), at(d_ptr, d_off, ldd, c), align=bits // 8)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@njit(cache=True)
-def _transpose_scaled(q, row0, nq, scale, qt, ld):  # pragma: no cover - compiled
-    """``qt[d * ld + x] = scale * q[row0 + x, d]`` for ``x < nq``: whole ``w x w`` tiles
-    with :func:`_transpose_tile`, the ragged edges one element at a time."""
-    dim = q.shape[1]
-    w = 32 // q.itemsize
-    x_end = nq // w * w
-    d_end = dim // w * w
-    for x0 in range(0, x_end, w):
-        for d0 in range(0, d_end, w):
-            _transpose_tile(qt, d0 * ld + x0, ld, q, (row0 + x0) * dim + d0, dim, scale)
-    for d in range(d_end, dim):
-        for x in range(x_end):
-            qt[d * ld + x] = q[row0 + x, d] * scale
-    for x in range(x_end, nq):
-        for d in range(dim):
-            qt[d * ld + x] = q[row0 + x, d] * scale
-
-
-_softmax1, _softmax2, _softmax3, _softmax4, _softmax5, _softmax6 = (
-    _micro_kernel(rows, 2, True, False, softmax=True) for rows in range(1, MICRO_ROWS + 1)
-)
-_edge1, _edge2, _edge3, _edge4, _edge5, _edge6 = (
-    _micro_kernel(rows, 1, True, False) for rows in range(1, MICRO_ROWS + 1)
-)
-_value1, _value2, _value3, _value4, _value5, _value6 = (
-    _micro_kernel(rows, 2, True, True) for rows in range(1, MICRO_ROWS + 1)
-)
-_half1, _half2, _half3, _half4, _half5, _half6 = (
-    _micro_kernel(rows, 1, True, True) for rows in range(1, MICRO_ROWS + 1)
-)
-_single1, _single2, _single3, _single4, _single5, _single6 = (
-    _micro_kernel(rows, 1, False, True) for rows in range(1, MICRO_ROWS + 1)
-)
-
-
-@njit(cache=True)
-def _micro_columns(x):  # pragma: no cover - compiled
-    """Columns of a full micro-tile for ``x``'s dtype: two 32-byte vectors."""
-    return 64 // x.itemsize
-
-
-@njit(cache=True)
-def _score_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):  # pragma: no cover
-    """``C = A B`` on ``rows`` (1 to 6) rows and two vectors of columns."""
-    if rows == 6:
-        _score6(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 5:
-        _score5(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 4:
-        _score4(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 3:
-        _score3(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 2:
-        _score2(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    else:
-        _score1(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-
-
-@njit(cache=True)
-def _softmax_tile(
-    rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds
-):  # pragma: no cover - compiled
-    """``C = exp(A B - shift)`` with sums and rises, on ``rows`` (1 to 6) rows and two
-    vectors of columns."""
-    if rows == 6:
-        _softmax6(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
-    elif rows == 5:
-        _softmax5(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
-    elif rows == 4:
-        _softmax4(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
-    elif rows == 3:
-        _softmax3(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
-    elif rows == 2:
-        _softmax2(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
-    else:
-        _softmax1(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim, stats, s_off, lds)
-
-
-@njit(cache=True)
-def _edge_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):  # pragma: no cover
-    """``C = A B`` on ``rows`` (1 to 6) rows and one vector of columns."""
-    if rows == 6:
-        _edge6(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 5:
-        _edge5(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 4:
-        _edge4(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 3:
-        _edge3(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 2:
-        _edge2(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    else:
-        _edge1(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-
-
-@njit(cache=True)
-def _value_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):  # pragma: no cover
-    """``C += A B`` on ``rows`` (1 to 6) rows and two vectors of columns."""
-    if rows == 6:
-        _value6(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 5:
-        _value5(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 4:
-        _value4(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 3:
-        _value3(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 2:
-        _value2(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    else:
-        _value1(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-
-
-@njit(cache=True)
-def _half_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):  # pragma: no cover
-    """``C += A B`` on ``rows`` (1 to 6) rows and one vector of columns."""
-    if rows == 6:
-        _half6(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 5:
-        _half5(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 4:
-        _half4(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 3:
-        _half3(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 2:
-        _half2(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    else:
-        _half1(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-
-
-@njit(cache=True)
-def _single_tile(
-    rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim
-):  # pragma: no cover
-    """``C += A B`` on ``rows`` (1 to 6) rows and one column."""
-    if rows == 6:
-        _single6(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 5:
-        _single5(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 4:
-        _single4(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 3:
-        _single3(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    elif rows == 2:
-        _single2(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-    else:
-        _single1(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)
-
-
 @njit(cache=True)
 def _scores(k, k_row0, nk, qt, ld, nq, diagonal, dim, st):  # pragma: no cover - compiled
     """``st[j, x] = k[k_row0 + j] . qt[:, x]`` for ``j < nk`` and ``x`` up to ``nq``
@@ -588,7 +132,7 @@ def _scores(k, k_row0, nk, qt, ld, nq, diagonal, dim, st):  # pragma: no cover -
     diagonal crosses the second half of a tile only that half is computed (one vector);
     the cells skipped hold stale values that the softmax never reads.
     """
-    step = _micro_columns(st)
+    step = micro_columns(st)
     half = step // 2
     n_cols = (nq + step - 1) // step * step
     for j0 in range(0, nk, MICRO_ROWS):
@@ -597,10 +141,10 @@ def _scores(k, k_row0, nk, qt, ld, nq, diagonal, dim, st):  # pragma: no cover -
         first = max(j0 - diagonal, 0) // half * half
         if first % step != 0 and first < n_cols:
             # the diagonal crosses the second half of a tile: one vector wide is enough
-            _edge_tile(rows, st, j0 * ld + first, ld, k, a_off, dim, 1, qt, first, ld, dim)
+            edge_tile(rows, st, j0 * ld + first, ld, k, a_off, dim, 1, qt, first, ld, dim)
             first += half
         for c0 in range(first, n_cols, step):
-            _score_tile(rows, st, j0 * ld + c0, ld, k, a_off, dim, 1, qt, c0, ld, dim)
+            score_tile(rows, st, j0 * ld + c0, ld, k, a_off, dim, 1, qt, c0, ld, dim)
 
 
 @njit(cache=True)
@@ -613,12 +157,12 @@ def _scores_softmax(k, k_row0, nk, qt, ld, nq, dim, st, stats):  # pragma: no co
     (the caller sets them; ``total`` 0, ``rise`` -inf); on return ``total[x]`` is the
     column sum and ``rise[x]`` the largest ``score - shift`` of column ``x``.
     """
-    step = _micro_columns(st)
+    step = micro_columns(st)
     n_cols = (nq + step - 1) // step * step
     for j0 in range(0, nk, MICRO_ROWS):
         rows = min(MICRO_ROWS, nk - j0)
         for c0 in range(0, n_cols, step):
-            _softmax_tile(
+            softmax_tile(
                 rows, st, j0 * ld + c0, ld, k, (k_row0 + j0) * dim, dim, 1, qt, c0, ld, dim,
                 stats, c0, ld,
             )
@@ -652,7 +196,7 @@ def _softmax_columns(
         new = max(row_max[x], chunk_max[x])
         if new > row_max[x]:
             if row_max[x] > -np.inf:
-                alpha = _exp_nonpositive(row_max[x] - new)
+                alpha = exp_nonpositive(row_max[x] - new)
                 row_sum[x] *= alpha
                 acc = out[out_row0 + x]
                 for d in range(acc.shape[0]):
@@ -665,7 +209,7 @@ def _softmax_columns(
         for x in range(first):
             st[row + x] = zero
         for x in range(first, n):
-            e = _exp_nonpositive(st[row + x] - row_max[x])
+            e = exp_nonpositive(st[row + x] - row_max[x])
             e = e if low[x] <= key else zero
             st[row + x] = e
             row_sum[x] += e
@@ -677,7 +221,7 @@ def _shifted_exp(score, shift, keep, slack, zero, lowest):  # pragma: no cover -
     argument is capped at ``slack``, so a cell beyond it cannot overflow (the caller sees
     it in the returned rise and redoes the chunk)."""
     d = score - shift
-    e = _exp_nonpositive(min(d, slack))
+    e = exp_nonpositive(min(d, slack))
     return (e if keep else zero), (d if keep else lowest)
 
 
@@ -775,7 +319,7 @@ def _accumulate_values(st, ld, nq, nk, low, a, k0, v, v_row0, out, out_row0):  #
     after its last query, none before its lowest range start.
     """
     dim = v.shape[1]
-    step = _micro_columns(v)
+    step = micro_columns(v)
     half = step // 2
     for x0 in range(0, nq, MICRO_ROWS):
         rows = min(MICRO_ROWS, nq - x0)
@@ -791,178 +335,14 @@ def _accumulate_values(st, ld, nq, nk, low, a, k0, v, v_row0, out, out_row0):  #
         a_off = lo * ld + x0
         c = 0
         while c + step <= dim:
-            _value_tile(rows, out, c_off + c, dim, st, a_off, 1, ld, v, b_off + c, dim, hi - lo)
+            value_tile(rows, out, c_off + c, dim, st, a_off, 1, ld, v, b_off + c, dim, hi - lo)
             c += step
         if c + half <= dim:
-            _half_tile(rows, out, c_off + c, dim, st, a_off, 1, ld, v, b_off + c, dim, hi - lo)
+            half_tile(rows, out, c_off + c, dim, st, a_off, 1, ld, v, b_off + c, dim, hi - lo)
             c += half
         while c < dim:
-            _single_tile(rows, out, c_off + c, dim, st, a_off, 1, ld, v, b_off + c, dim, hi - lo)
+            single_tile(rows, out, c_off + c, dim, st, a_off, 1, ld, v, b_off + c, dim, hi - lo)
             c += 1
-
-
-@njit(cache=True)
-def _next_block(starts_row, a, stop, tile):  # pragma: no cover - compiled
-    """End of the block that starts at ``a`` (before ``stop``) and its smallest start."""
-    b = a + 1
-    lowest = starts_row[a]
-    limit = min(stop, a + tile)
-    while b < limit and starts_row[b] != b:
-        if starts_row[b] < lowest:
-            lowest = starts_row[b]
-        b += 1
-    return b, lowest
-
-
-@njit(cache=True)
-def key_query_end(starts, valid, key_end):  # pragma: no cover - compiled
-    """``key_end[r, k]`` = one past the last query that may use key ``k`` (``k`` if none).
-
-    Queries are visited from the last down; query ``q`` claims the unclaimed keys of
-    ``[starts[q], q]``. A key already claimed by a later query ``p`` lets the walk jump
-    to ``starts[p] - 1``, since ``p`` claimed everything from there to the key. With
-    contiguous segments every key is visited once.
-    """
-    rows, capacity = starts.shape
-    owner = np.empty(capacity, np.int64)
-    for r in range(rows):
-        for key in range(capacity):
-            key_end[r, key] = key
-            owner[key] = -1
-        for q in range(valid[r] - 1, -1, -1):
-            key = q
-            low = starts[r, q]
-            while key >= low:
-                p = owner[key]
-                if p < 0:
-                    owner[key] = q
-                    key_end[r, key] = q + 1
-                    key -= 1
-                else:
-                    key = min(key, starts[r, p]) - 1
-
-
-@njit(cache=True)
-def _deal(cost, n_bins):  # pragma: no cover - compiled
-    """Longest task first into the least loaded bin; returns task order and bin offsets."""
-    order = np.argsort(-cost, kind="mergesort")
-    load = np.zeros(n_bins, np.float64)
-    bin_of = np.empty(cost.shape[0], np.int64)
-    for i in range(order.shape[0]):
-        best = 0
-        for b in range(1, n_bins):
-            if load[b] < load[best]:
-                best = b
-        bin_of[order[i]] = best
-        load[best] += cost[order[i]]
-    offsets = np.zeros(n_bins + 1, np.int64)
-    for t in range(cost.shape[0]):
-        offsets[bin_of[t] + 1] += 1
-    for b in range(n_bins):
-        offsets[b + 1] += offsets[b]
-    fill = offsets[:-1].copy()
-    tasks = np.empty(cost.shape[0], np.int64)
-    for t in range(cost.shape[0]):
-        tasks[fill[bin_of[t]]] = t
-        fill[bin_of[t]] += 1
-    return tasks, offsets
-
-
-@njit(cache=True)
-def plan_forward(starts, valid, heads, tile_q, n_bins):  # pragma: no cover - compiled
-    """Tasks ``(row * heads + head, first query)`` of every query tile that has work.
-
-    Returns ``(task_rh, task_q0, order, offsets)``: bin ``b`` runs tasks
-    ``order[offsets[b]:offsets[b + 1]]``. A tile's cost is its score cells, the sum
-    over its blocks of ``queries * keys``.
-    """
-    rows, capacity = starts.shape
-    n_tiles = (capacity + tile_q - 1) // tile_q
-    tile_cost = np.zeros((rows, n_tiles), np.float64)
-    count = 0
-    for r in range(rows):
-        for t in range(n_tiles):
-            q0 = t * tile_q
-            q1 = min(q0 + tile_q, valid[r])
-            a = q0
-            while a < q1:
-                b, lowest = _next_block(starts[r], a, q1, tile_q)
-                tile_cost[r, t] += (b - a) * (b - lowest) + 16.0
-                a = b
-            if tile_cost[r, t] > 0:
-                count += heads
-    task_rh = np.empty(count, np.int64)
-    task_q0 = np.empty(count, np.int64)
-    cost = np.empty(count, np.float64)
-    i = 0
-    for r in range(rows):
-        for h in range(heads):
-            for t in range(n_tiles):
-                if tile_cost[r, t] > 0:
-                    task_rh[i] = r * heads + h
-                    task_q0[i] = t * tile_q
-                    cost[i] = tile_cost[r, t]
-                    i += 1
-    order, offsets = _deal(cost, n_bins)
-    return task_rh, task_q0, order, offsets
-
-
-@njit(cache=True)
-def plan_backward(starts, valid, heads, tile_q, n_bins):  # pragma: no cover - compiled
-    """Tasks ``(row * heads + head, first column, end column)`` of independent chunks.
-
-    A column ``p`` is a cut when no query at or after it reaches back before it
-    (``min(starts[p:valid]) >= p``): then no key left of ``p`` is seen from its right,
-    so ``dq`` of the queries and ``dk``/``dv`` of the keys in ``[cut, next cut)`` depend
-    on that chunk alone. Chunks are grown to at least ``tile_q`` columns, cut where
-    possible (between segments of a packed row; never, for ranges that reach back to the
-    row start). Returns ``(task_rh, task_lo, task_hi, order, offsets)`` as
-    :func:`plan_forward`.
-    """
-    rows, capacity = starts.shape
-    chunk_lo = np.empty(rows * capacity, np.int64)
-    chunk_hi = np.empty(rows * capacity, np.int64)
-    chunk_row = np.empty(rows * capacity, np.int64)
-    chunk_cost = np.empty(rows * capacity, np.float64)
-    suffix_min = np.empty(capacity + 1, np.int64)
-    n_chunks = 0
-    for r in range(rows):
-        n_valid = valid[r]
-        suffix_min[n_valid] = n_valid
-        for p in range(n_valid - 1, -1, -1):
-            suffix_min[p] = min(suffix_min[p + 1], starts[r, p])
-        c = 0
-        while c < n_valid:
-            e = c + 1
-            while e < n_valid and (e - c < tile_q or suffix_min[e] < e):
-                e += 1
-            cost = 0.0
-            a = c
-            while a < e:
-                b, lowest = _next_block(starts[r], a, e, tile_q)
-                cost += (b - a) * (b - lowest) + 16.0
-                a = b
-            chunk_lo[n_chunks] = c
-            chunk_hi[n_chunks] = e
-            chunk_row[n_chunks] = r
-            chunk_cost[n_chunks] = cost
-            n_chunks += 1
-            c = e
-    count = n_chunks * heads
-    task_rh = np.empty(count, np.int64)
-    task_lo = np.empty(count, np.int64)
-    task_hi = np.empty(count, np.int64)
-    cost = np.empty(count, np.float64)
-    i = 0
-    for t in range(n_chunks):
-        for h in range(heads):
-            task_rh[i] = chunk_row[t] * heads + h
-            task_lo[i] = chunk_lo[t]
-            task_hi[i] = chunk_hi[t]
-            cost[i] = chunk_cost[t]
-            i += 1
-    order, offsets = _deal(cost, n_bins)
-    return task_rh, task_lo, task_hi, order, offsets
 
 
 @njit(cache=True, fastmath=_FASTMATH)
@@ -989,7 +369,7 @@ def _probability_chunk(p, dp, starts_row, a, c, lse_row, delta, scale):  # pragm
         p_kept = p_line[lo:hi]
         dp_kept = dp_line[lo:hi]
         for j in range(p_kept.shape[0]):
-            pj = _exp_nonpositive(p_kept[j] * scale - shift)
+            pj = exp_nonpositive(p_kept[j] * scale - shift)
             p_kept[j] = pj
             dp_kept[j] = pj * (dp_kept[j] - dlt) * scale
 
@@ -1012,7 +392,7 @@ def forward(
     heads = lse.shape[0] // starts.shape[0]
     dim = q.shape[1]
     dtype = q.dtype
-    width = _micro_columns(q)
+    width = micro_columns(q)
     ld = (tile_q + width - 1) // width * width
     n_bins = offsets.shape[0] - 1
     n_rh = lse.shape[0]
@@ -1040,9 +420,9 @@ def forward(
             q1 = min(q0 + tile_q, valid[r])
             a = q0
             while a < q1:
-                b, lowest = _next_block(starts[r], a, q1, tile_q)
+                b, lowest = next_block(starts[r], a, q1, tile_q)
                 nq = b - a
-                _transpose_scaled(q, base + a, nq, scale, qt, ld)
+                transpose_scaled(q, base + a, nq, scale, qt, ld)
                 out[base + a : base + b] = 0.0
                 highest = lowest
                 for x in range(nq):
@@ -1158,7 +538,7 @@ def backward(
                     total += d_out[base + x, d] * out[base + x, d]
                 delta[x] = total
             while c < c_end:
-                e, _ = _next_block(starts[r], c, c_end, tile_k)
+                e, _ = next_block(starts[r], c, c_end, tile_k)
                 nk = e - c
                 q_end = e
                 for key in range(c, e):
@@ -1200,3 +580,4 @@ def backward(
                         dk[base + c + x, d] = dk_acc[x, d]
                         dv[base + c + x, d] = dv_acc[x, d]
                 c = e
+

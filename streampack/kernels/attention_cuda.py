@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32, float64, int32, int64
 
-from .attention_cpu import key_query_end
+from .attention_plan import key_query_end
 
 #: Queries per block (threads per block in the forward and dq kernels).
 TILE_Q = 64
