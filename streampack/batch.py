@@ -24,7 +24,13 @@ from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
-from .errors import BindingMismatch, InvalidArray, InvalidCoordinate, StreampackError
+from .errors import (
+    BindingMismatch,
+    InternalError,
+    InvalidArray,
+    InvalidCoordinate,
+    StreampackError,
+)
 from .examples import Binding
 
 PAD_CELL = -1
@@ -432,7 +438,7 @@ class CompactBatch:
         if code == k.COMPACT_VOCABULARY:
             fail(f"tokens outside the vocabulary: tokens[{at}] = {tokens[at]}, accepted "
                  f"0..{self.binding.vocab_size - 1}")
-        rule = {
+        rules = {
             k.COMPACT_ROWS: f"rows must run 0, 1, ... {self.rows - 1} with no gap",
             k.COMPACT_START: "each occurrence must start where the last ended (0 on a new row)",
             k.COMPACT_COLUMNS: f"occurrence columns out of range: need start < stop <= "
@@ -440,7 +446,10 @@ class CompactBatch:
             k.COMPACT_ORDINAL: "ordinals must increase along each row and fit int32",
             k.COMPACT_SEGMENT: "segment must equal the ordinal",
             k.COMPACT_RANGE: "range length must be pairs + 1",
-        }[code]
+        }
+        rule = rules.get(code)
+        if rule is None:  # the kernel and this table disagree: a streampack bug
+            raise InternalError(f"check_compact returned code {code}, which has no message")
         record = {name: int(occ[name][at]) for name in
                   ("row", "start", "stop", "ordinal", "segment", "range_start", "range_stop")}
         fail(f"{rule}; occurrence {at} has {record}")

@@ -51,7 +51,7 @@ from streampack import wire
 from streampack.batch import CompactBatch, PackedBatch
 from streampack.errors import ProtocolError, StreampackError
 from streampack.examples import Binding
-from streampack.settings import check_curve_key, check_endpoint, check_rank
+from streampack.settings import ConsumerSettings, check_rank
 
 #: Seconds without any answer after which outstanding fetches are sent again.
 RESEND_AFTER = 5.0
@@ -271,14 +271,11 @@ class BatchStream:
         curve_server_key: str | None = None,
     ) -> None:
         check_rank(rank, world_size)
-        for name, value, low in (("prefetch", prefetch, 1), ("prefetch_bytes", prefetch_bytes, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise StreampackError(f"{name} = {value!r} must be an int >= {low}")
-        # Refused here, not when the first fetch makes the socket.
-        check_endpoint("endpoint", endpoint)
-        check_curve_key("curve_server_key", curve_server_key)
-        if not timeout > 0:
-            raise StreampackError(f"timeout = {timeout!r} must be > 0 seconds")
+        # The checks of ConsumerSettings, whichever way the values came in (InvalidConfig
+        # on a bad one); the endpoint is refused here, not when the first fetch connects.
+        ConsumerSettings(connect=endpoint, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
+                         timeout=timeout, max_message_bytes=max_message_bytes,
+                         curve_server_key=curve_server_key)
         self.endpoint = endpoint
         self.rank = rank
         self.world_size = world_size
@@ -317,6 +314,29 @@ class BatchStream:
 
         warm_up_kernels()
         self.current: tuple[int, int] | None = None  # (epoch, index) of the last batch
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: ConsumerSettings,
+        *,
+        rank: int,
+        world_size: int,
+        binding: Binding | None = None,
+    ) -> BatchStream:
+        """A stream configured by ``settings`` (the ``[consumer]`` table of a settings
+        file, or ``streampack consume``'s flags)."""
+        return cls(
+            settings.connect,
+            rank=rank,
+            world_size=world_size,
+            binding=binding,
+            prefetch=settings.prefetch,
+            prefetch_bytes=settings.prefetch_bytes,
+            timeout=settings.timeout,
+            max_message_bytes=settings.max_message_bytes,
+            curve_server_key=settings.curve_server_key,
+        )
 
     # -- state ----------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ from .batch import (
 from .config import PackConfig
 from .errors import (
     CapacityError,
+    InternalError,
     InvalidConfig,
     InvalidExample,
     MetadataBudgetError,
@@ -223,7 +224,8 @@ def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_
 
     largest_batch_rows = min(rows_per_batch, row_count)
     max_cells = config.max_cells
-    assert max_cells is not None  # PackConfig.__post_init__ fills it in
+    if max_cells is None:
+        raise InternalError("PackConfig.max_cells is unset; PackConfig.__post_init__ sets it")
     if largest_batch_rows * config.capacity > max_cells:
         raise CapacityError(
             f"batch 0 would hold {largest_batch_rows} rows x capacity {config.capacity} = "

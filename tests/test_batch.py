@@ -135,3 +135,15 @@ def test_padded_max_seqlen_covers_every_padded_span(seed):
         spans = np.diff(layout.cu_seqlens_padded)
         assert layout.max_seqlen_padded == spans.max() >= layout.max_seqlen
         assert layout.max_seqlen == np.diff(layout.cu_seqlens).max()
+
+
+def test_a_check_code_without_a_message_is_an_internal_error(monkeypatch):
+    """The compiled check and the messages in CompactBatch.checked must agree; a code the
+    table lacks is a streampack bug (InternalError), never a user-facing InvalidArray."""
+    from streampack.kernels import pack_cpu
+
+    compact = sp.pack_compact(sp.Examples.from_documents([A, B, C]), BINDING,
+                              sp.PackConfig(capacity=8, max_rows_per_batch=2))[0]
+    monkeypatch.setattr(pack_cpu, "check_compact", lambda *args: (99, 0))
+    with pytest.raises(sp.InternalError, match="code 99"):
+        compact.checked(max_cells=1 << 20)

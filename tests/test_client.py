@@ -20,6 +20,7 @@ from streampack import (
     BindingMismatch,
     CompactBatch,
     Examples,
+    InvalidConfig,
     PackConfig,
     PackedBatch,
     ProtocolError,
@@ -36,6 +37,7 @@ from streampack.client import (
     StreamTimeout,
     resume_cursor,
 )
+from streampack.settings import ConsumerSettings
 
 BINDING = Binding(vocab_size=512, tokenizer="t", split_receipt="r", partition="train")
 
@@ -243,11 +245,22 @@ def test_load_state_dict_of_another_world_size_fetches_the_mapped_batches(fake):
         ({"rank": 0, "world_size": 0}, "world_size = 0"),
         ({"rank": 0, "world_size": 1, "prefetch": 0}, "prefetch = 0"),
         ({"rank": 0, "world_size": 1, "timeout": 0}, "timeout = 0"),
+        ({"rank": 0, "world_size": 1, "max_message_bytes": 10}, "max_message_bytes = 10"),
     ],
 )
 def test_bad_arguments_are_refused(kwargs, match):
-    with pytest.raises(StreampackError, match=match):
+    with pytest.raises(InvalidConfig, match=match):
         BatchStream("tcp://127.0.0.1:1", **kwargs)
+
+
+def test_a_stream_from_consumer_settings_takes_every_field():
+    settings = ConsumerSettings(connect="tcp://127.0.0.1:1", prefetch=2, prefetch_bytes=4096,
+                                timeout=5.0, max_message_bytes=8192)
+    with BatchStream.from_settings(settings, rank=1, world_size=3, binding=BINDING) as stream:
+        assert (stream.endpoint, stream.rank, stream.world_size, stream.binding) == (
+            "tcp://127.0.0.1:1", 1, 3, BINDING)
+        assert (stream.prefetch, stream.prefetch_bytes, stream.timeout) == (2, 4096, 5.0)
+        assert stream.limits.max_frame_bytes == 8192
 
 
 def test_binding_mismatch_raises(fake):

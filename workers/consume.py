@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from streampack.client import BatchStream, StreamDigest
-from streampack.errors import InvalidConfig, StreampackError
+from streampack.errors import InternalError, InvalidConfig, StreampackError
 from streampack.progress import Progress
 from streampack.settings import (
     ConsumerSettings,
@@ -104,16 +104,7 @@ def main(args: argparse.Namespace) -> int:
     digest = StreamDigest()
     records: list[np.ndarray] = []
     last: Any = None
-    with BatchStream(
-        settings.connect,
-        rank=args.rank,
-        world_size=args.world_size,
-        prefetch=settings.prefetch,
-        prefetch_bytes=settings.prefetch_bytes,
-        timeout=settings.timeout,
-        max_message_bytes=settings.max_message_bytes,
-        curve_server_key=settings.curve_server_key,
-    ) as stream:
+    with BatchStream.from_settings(settings, rank=args.rank, world_size=args.world_size) as stream:
         if cursor is not None:
             try:
                 stream.load_state_dict(cursor)
@@ -132,7 +123,8 @@ def main(args: argparse.Namespace) -> int:
                 batch = stream.next_batch()
             except StopIteration:
                 break
-            assert stream.current is not None  # set by every batch next_batch returns
+            if stream.current is None:
+                raise InternalError("BatchStream.current unset after next_batch returned")
             epoch, index = stream.current
             if args.digest:
                 digest.update(batch, epoch, index)
