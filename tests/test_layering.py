@@ -117,6 +117,76 @@ def test_no_library_module_imports_the_service_or_reaches_up_to_the_package(path
             )
 
 
+#: The rows of docs/architecture.md's table, bottom up: a module imports from its own row
+#: and the rows before it only. A module missing here fails the test below: place it in
+#: the table and here.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("leaves", ["errors", "config", "logs", "progress"]),
+    ("kernels", ["kernels"]),
+    ("data model", ["examples", "batch", "exports", "loss", "settings"]),
+    ("references", ["reference"]),
+    ("library operations", ["packing", "decoder", "audit", "trace", "render"]),
+    ("transport", ["wire", "client", "client_metrics"]),
+    ("data in", ["corpus", "windows", "mixture"]),
+    ("service", ["service"]),
+    ("command line", ["cli"]),
+]
+
+
+def _layer(module: str) -> int:
+    """Row of ``streampack.X[.Y]`` (the package itself: the bottom)."""
+    parts = module.split(".")
+    if parts == ["streampack"]:
+        return 0
+    for row, (_, names) in enumerate(LAYERS):
+        if parts[1] in names:
+            return row
+    raise AssertionError(f"{module} is in no row of docs/architecture.md (LAYERS here)")
+
+
+def _modules_and_paths() -> list[tuple[str, Path]]:
+    found = []
+    for path in _library_modules():
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        found.append((".".join(parts[:-1] if parts[-1] == "__init__" else parts), path))
+    for path in sorted((ROOT / "workers").glob("*.py")):
+        name = "streampack.service" + ("" if path.stem == "__init__" else f".{path.stem}")
+        found.append((name, path))
+    return found
+
+
+def _imported(module: str, path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every ``streampack`` import in ``path``, functions included."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join([*base, *([target] if target else [])])
+            found.append((node.lineno, target))
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+    return [(line, name) for line, name in found if name.split(".")[0] == "streampack"]
+
+
+@pytest.mark.parametrize(
+    ("module", "path"), _modules_and_paths(), ids=lambda x: x if isinstance(x, str) else ""
+)
+def test_imports_go_down_the_layers_of_the_architecture_doc(module, path):
+    if module == "streampack":
+        return  # the package's lazy table names every layer
+    own = _layer(module)
+    for line, name in _imported(module, path):
+        if name == "streampack":
+            continue  # names from the package root (the service's own style)
+        assert _layer(name) <= own, (
+            f"{path.relative_to(ROOT)}:{line} imports {name} ({LAYERS[_layer(name)][0]}) from "
+            f"{LAYERS[own][0]}: a layer may import only from its own and lower ones"
+        )
+
+
 def test_the_cli_imports_only_the_chosen_subcommand():
     loaded = _loaded_after(
         "from streampack.cli import build_parser\n"
