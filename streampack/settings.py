@@ -190,6 +190,8 @@ class ProducerSettings:
     reorder_budget_bytes: int = 256 * _MIB
     max_message_bytes: int = 256 * _MIB
     heartbeat_timeout: float = 5.0
+    window_timeout: float = 60.0
+    consumer_timeout: float = 60.0
     quarantine_path: str | None = None
     curve_secret_key_file: str | None = None
     metrics_port: int | None = None
@@ -231,6 +233,8 @@ class ProducerSettings:
         _check_int("reorder_budget_bytes", self.reorder_budget_bytes, minimum=1)
         _check_int("max_message_bytes", self.max_message_bytes, minimum=4096)
         _check_float("heartbeat_timeout", self.heartbeat_timeout, minimum=0.0)
+        _check_float("window_timeout", self.window_timeout, minimum=0.0)
+        _check_float("consumer_timeout", self.consumer_timeout, minimum=0.0)
         if self.quarantine_path is not None and not isinstance(self.quarantine_path, str):
             raise InvalidConfig(f"quarantine_path = {self.quarantine_path!r} must be a path")
 
@@ -301,6 +305,10 @@ FIELD_HELP: dict[str, str] = {
     "reorder_budget_bytes": "bytes of packed batches held for ordering and delivery",
     "max_message_bytes": "largest message frame accepted (zmq.MAXMSGSIZE)",
     "heartbeat_timeout": "seconds of silence after which a worker's windows are reissued",
+    "window_timeout": "seconds a worker may hold a window; then the window goes to another "
+    "worker and the late one is dropped",
+    "consumer_timeout": "seconds of silence after which a consumer's outstanding fetches are "
+    "forgotten (a waiting client resends every few seconds)",
     "quarantine_path": "JSON Lines file receiving each quarantined document with its reason",
     "curve_secret_key_file": "file holding the producer's Z85 CURVE secret key; when set, "
     "both endpoints encrypt and only clients that know the public key can talk to it",

@@ -147,6 +147,8 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
     "error": ((("message", _STR),), ()),
 }
 
+_MAX_FRAMES = max(len(frames) for _, frames in KINDS.values())
+
 # The dtypes each frame may have; the first is what ``encode`` converts other arrays to.
 # Tokens travel as uint16 when the vocabulary fits (``token_dtype``): half the bytes.
 FRAME_DTYPES: dict[str, tuple[str, ...]] = {
@@ -191,6 +193,7 @@ class WireLimits:
 
     max_header_bytes: int = 1 << 16
     max_frame_bytes: int = 256 << 20
+    max_message_bytes: int = 256 << 20  # all frames of one message together
     max_ndim: int = 2
     max_str_len: int = 1 << 14
     max_container_len: int = 256
@@ -307,7 +310,15 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
     """Parse and check one message; any defect raises :class:`ProtocolError`."""
     if not frames:
         raise ProtocolError("empty message: expected a header frame")
-    head = _buffer(frames[0])
+    if len(frames) > 1 + _MAX_FRAMES:
+        raise ProtocolError(f"message of {len(frames)} frames; no kind has more than "
+                            f"{_MAX_FRAMES} array frames")
+    buffers = [_buffer(frame) for frame in frames]
+    total = sum(buffer.nbytes for buffer in buffers)
+    if total > limits.max_message_bytes:
+        raise ProtocolError(f"message of {total} bytes in {len(frames)} frames exceeds "
+                            f"max_message_bytes={limits.max_message_bytes}")
+    head = buffers[0]
     if head.nbytes > limits.max_header_bytes:
         raise ProtocolError(
             f"header of {head.nbytes} bytes exceeds max_header_bytes={limits.max_header_bytes}"
@@ -354,7 +365,7 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
             f"{kind!r} header announces {len(specs)} frame(s) but {len(frames) - 1} arrived"
         )
     arrays: dict[str, np.ndarray] = {}
-    for spec, expected_name, frame in zip(specs, frame_names, frames[1:]):
+    for spec, expected_name, buffer in zip(specs, frame_names, buffers[1:]):
         if not (isinstance(spec, list) and len(spec) == 3):
             raise ProtocolError(f"frame spec {spec!r} is not [name, dtype, shape]")
         name, code, shape = spec
@@ -381,7 +392,6 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
                     f"frame {name!r} shape {shape} exceeds max_frame_bytes="
                     f"{limits.max_frame_bytes}"
                 )
-        buffer = _buffer(frame)
         if buffer.nbytes != expected:
             raise ProtocolError(
                 f"frame {name!r} has {buffer.nbytes} bytes; its header says shape {shape} "

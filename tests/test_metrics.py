@@ -75,15 +75,17 @@ def test_the_collector_reads_the_producers_counters_at_scrape_time():
     assert value(before, "streampack_batches_served_total") == 0
     assert value(before, "streampack_documents_quarantined_total", reason="too_long") == 0
     # The producer counts; the next scrape shows it, with nothing registered per event.
-    producer.stats["batches_served"] += 3
-    producer.stats["windows_reissued"] += 2
-    producer.stats["rejected_consumer"] += 1
-    producer.stats["tokens_served"] += 500
-    producer.stats["cells_served"] += 1024
-    producer.tokens_by_rank[0] += 300
-    producer.tokens_by_rank[1] += 200
-    producer.quarantine_reasons["too_long"] += 4
-    producer.reorder_bytes = 4096
+    counters = producer.coordinator.counters
+    counters.add("batches_served", 3)
+    counters.add("windows_reissued", 2)
+    counters.add("rejected_consumer", 1)
+    counters.add("tokens_served", 500)
+    counters.add("cells_served", 1024)
+    counters.served_to_rank(0, 300)
+    counters.served_to_rank(1, 200)
+    for _ in range(4):
+        counters.quarantine("too_long")
+    producer.coordinator.delivery.ready_bytes = 4096
     metrics.observe_pack(0.003)
     after = samples(generate_latest(metrics.registry).decode())
     assert value(after, "streampack_batches_served_total") == 3
@@ -238,10 +240,9 @@ def all_exported_names() -> set[str]:
     from streampack.client_metrics import ClientCollector
 
     producer = Producer(ProducerSettings(corpus=str(FIXTURE), capacity=256, window_tokens=3000))
-    producer.stats["pack_seconds"] += 0.5
-    producer.tokens_by_rank[0] += 1
-    producer.tokens_by_source[0] += 1
-    producer.documents_by_source[0] += 1
+    producer.coordinator.counters.pack_seconds += 0.5
+    producer.coordinator.counters.served_to_rank(0, 1)
+    producer.coordinator.counters.served_by_source(np.zeros(1, np.int32), np.ones(1, np.int64))
     registries = [ProducerMetrics(producer.snapshot, window_budget_bytes=1,
                                   reorder_budget_bytes=1).registry,
                   WorkerMetrics({}).registry, CollectorRegistry(auto_describe=False)]
@@ -294,8 +295,6 @@ def test_every_dashboard_query_names_a_metric_the_code_exports():
 def test_docs_name_every_health_field_and_every_metric():
     docs = (Path(__file__).resolve().parents[1] / "docs" / "service.md").read_text()
     producer = Producer(ProducerSettings(corpus=str(FIXTURE), capacity=256, window_tokens=3000))
-    producer.stats["pack_seconds"] += 0.5  # present once a worker reported
-    producer.stats["last_audit_error"] = "x"  # present once an audit failed
     fields = set(producer.snapshot()) | {"serving", "worker_restarts"}
     missing = {field for field in fields if f"`{field}`" not in docs}
     assert not missing, f"docs/service.md does not describe health fields {sorted(missing)}"

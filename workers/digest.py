@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from streampack.service.delivery import rank_share
 from streampack.service.worker import window_examples
 
 from streampack import PackConfig, PackedBatch, pack_examples
@@ -63,11 +64,7 @@ def rank_stream(
             while held and (settings.tail == "fill" or held[0][0] + world_size <= total):
                 g, b = held.popleft()
                 yield epoch, g, b
-        if settings.tail == "fill":
-            per_rank = -(-total // world_size)
-        else:
-            per_rank = total // world_size
-        limit = per_rank * world_size
+        limit = rank_share(total, world_size, settings.tail) * world_size
         for g, b in held:
             if g < limit:
                 yield epoch, g, b

@@ -86,8 +86,8 @@ class Worker:
         self.settings = settings
         self.limits = wire.WireLimits(max_frame_bytes=settings.max_message_bytes)
         self.stopping = False
-        self.counters = {"windows": 0, "batches": 0, "failed": 0, "rejected": 0, "audited": 0,
-                         "audit_failures": 0}
+        self.counters = {"windows": 0, "batches": 0, "failed": 0, "rejected": 0, "refused": 0,
+                         "audited": 0, "audit_failures": 0}
         self._audit_seen = 0
         self._audit_fn: Any = None
         self._audit_broken = ""
@@ -212,6 +212,13 @@ class Worker:
                     frames = socket.recv_multipart(copy=False)
                     try:
                         message = wire.decode(frames, self.limits)
+                        if message.kind == "error":
+                            # The producer refused something this worker sent. Answering
+                            # an error with an error would never end: log it, go on.
+                            self.counters["refused"] += 1
+                            logger.warning("the producer refused a message: %r",
+                                           message.fields["message"][:500])
+                            continue
                         if message.kind != "window":
                             raise wire.ProtocolError(
                                 f"a worker accepts 'window' messages, not {message.kind!r}"
