@@ -49,3 +49,10 @@ test-gpu: $(BIN)/streampack
 .PHONY: test-docker
 test-docker: $(BIN)/streampack
 	STREAMPACK_HOST_PYTHON=$(CURDIR)/$(BIN)/python bash deploy/test-docker.sh
+
+# The randomized fault-injection tier (tests/chaos): CHAOS_SEEDS=N runs seeds 0..N-1,
+# CHAOS_SEED=S replays one, CHAOS_FAULTS=all adds the fault kinds still disabled.
+.PHONY: chaos
+chaos: $(BIN)/streampack
+	CHAOS_SEEDS="$(CHAOS_SEEDS)" CHAOS_SEED="$(CHAOS_SEED)" CHAOS_FAULTS="$(CHAOS_FAULTS)" \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/chaos
