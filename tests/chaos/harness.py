@@ -173,10 +173,10 @@ _ORACLES: dict[tuple[Any, ...], list[list[tuple[int, int, str]]]] = {}
 
 def oracle(settings: dict[str, Any], world_size: int) -> list[list[tuple[int, int, str]]]:
     """Per rank, the (epoch, index, per-batch digest) list ``streampack digest`` computes."""
+    from streampack.service.digest import rank_stream
     from trainer import batch_digest
 
     from streampack.settings import ProducerSettings
-    from workers.digest import rank_stream
 
     shaping = ProducerSettings(**{k: v for k, v in settings.items()
                                   if k not in ("worker_endpoint", "consumer_endpoint")})
@@ -474,7 +474,7 @@ class Run:
     def _status(self) -> str:
         if self.producer is None or self.producer.poll() is not None:
             return "no producer running"
-        from workers.health import check
+        from streampack.service.health import check
 
         status = check(self.consumer_endpoint, 2.0)
         if status is None:

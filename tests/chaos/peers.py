@@ -85,7 +85,7 @@ def stray_fetches(rng: random.Random, world_size: int, epochs: int, per_rank: in
         epoch = rng.randrange(epochs + 1)
         index = rank + world_size * rng.randrange(per_rank + 2)
         fetches.append({"rank": rank, "world_size": world_size, "epoch": epoch,
-                        "index": index, "count": rng.randint(1, 3)})
+                        "index": index, "count": rng.randint(1, 3), "base": 0})
     repeats = rng.choice([1, 1, 3])
 
     def body(peer: Peer) -> None:
@@ -103,7 +103,7 @@ def stray_fetches(rng: random.Random, world_size: int, epochs: int, per_rank: in
 def garbage(rng: random.Random, max_message_bytes: int) -> Callable[[Peer], None]:
     """Malformed messages of every sort, sent in a random order, answers read briefly."""
     valid = wire.encode("fetch", {"rank": 0, "world_size": 1, "epoch": 0, "index": 0,
-                                  "count": 1})
+                                  "count": 1, "base": 0})
     header = bytes(valid[0])
     # msgpack arrays of one element, nested 100,000 deep around a nil (packb refuses to
     # write it, so it is written by hand): deeper than any recursive parser's stack.
@@ -142,7 +142,7 @@ def wrong_world_fetch(world_size: int) -> Callable[[Peer], None]:
     def body(peer: Peer) -> None:
         other = world_size + 1
         peer.send(wire.encode("fetch", {"rank": other - 1, "world_size": other, "epoch": 0,
-                                        "index": other - 1, "count": 1}))
+                                        "index": other - 1, "count": 1, "base": 0}))
         peer.receive(1.0)
 
     return body
