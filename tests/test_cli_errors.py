@@ -68,6 +68,9 @@ CASES = [
           ("worker", "--connect", "connect", []),
           ("health", "--endpoint", "endpoint", []),
     ]],
+    ("consume-connect-refused-by-zeromq", ["consume", "--connect", "tcp://127.0.0.1:*"],
+     r"streampack consume: error: endpoint = 'tcp://127\.0\.0\.1:\*': cannot connect to it: "
+     r"Invalid argument"),
     ("health-no-scheme", ["health", "--endpoint", "127.0.0.1:5556"],
      r"streampack health: error: endpoint = '127\.0\.0\.1:5556' is not a ZeroMQ endpoint "
      rf"\(it has no tcp://, ipc:// or inproc:// scheme\); {ENDPOINT_FORMS}"),
