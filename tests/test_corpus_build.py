@@ -134,7 +134,8 @@ def test_build_errors_are_one_line(tmp_path, args, match):
                str(tmp_path / "out"), *flags)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]  # (after a warning per skipped line)
-    assert last.startswith("streampack: error: ") and re.search(match, last), done.stderr
+    assert re.match(r"streampack( corpus)?: error: ", last) and re.search(match, last), \
+        done.stderr
 
 
 def test_build_refuses_an_existing_corpus(tmp_path):
