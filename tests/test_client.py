@@ -14,6 +14,8 @@ import weakref
 import numpy as np
 import pytest
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streampack import (
     Binding,
@@ -179,6 +181,27 @@ def test_resume_at_another_world_size_starts_each_rank_after_every_consumed_batc
     assert starts == [(1, k * saved, k * saved + r) for r in range(resumed)]
     for one in states:
         assert [resume_cursor(one, r, resumed) for r in range(resumed)] == starts
+
+
+@settings(max_examples=200, deadline=None)
+@given(total=st.integers(0, 60), saved=st.integers(1, 8), resumed=st.integers(1, 8),
+       data=st.data())
+def test_an_elastic_resume_covers_every_real_batch_exactly_once(total, saved, resumed, data):
+    """Whatever the sizes: the k batches per rank consumed at ``saved`` ranks, then each
+    resumed rank's share from its cursor to the tail (``tail = "fill"``, counted from
+    the base as the producer counts it), hold every real global batch exactly once, and
+    every resumed rank the same number."""
+    per_rank = -(-total // saved)
+    k = data.draw(st.integers(0, per_rank))
+    consumed = [g for g in range(k * saved) if g < total]
+    shares = []
+    for rank in range(resumed):
+        epoch, base, index = resume_cursor(states_after(k, saved), rank, resumed)
+        limit = base + -(-max(0, total - base) // resumed) * resumed
+        shares.append(list(range(index, limit, resumed)))
+    assert len({len(share) for share in shares}) == 1
+    real = sorted(consumed + [g for share in shares for g in share if g < total])
+    assert real == list(range(total))
 
 
 def test_resume_at_the_same_world_size_takes_each_ranks_own_state():
