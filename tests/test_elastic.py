@@ -13,7 +13,7 @@ import json
 import subprocess
 
 import pytest
-from _service import FIXTURE, ROOT, SMALL, Service, command, consume, env, result
+from _service import FIXTURE, ROOT, SMALL, Service, command, consume, env, flags, result
 from streampack.service.digest import rank_stream
 
 from streampack import PackedBatch
@@ -71,7 +71,7 @@ def test_a_job_resumed_at_another_world_size_receives_exactly_the_remaining_batc
         tmp_path, uninterrupted, saved, k, resumed, same_producer):
     """k batches per rank at ``saved`` ranks, then the rest at ``resumed`` ranks: after a
     restart of the whole service, or from the same producer (which then serves two
-    world sizes one after the other)."""
+    world sizes one after the other). ``streampack digest --state-in`` agrees."""
     first = Service(FIXTURE, serve_workers=2, **SETTINGS).__enter__()
     second = None
     try:
@@ -101,6 +101,15 @@ def test_a_job_resumed_at_another_world_size_receives_exactly_the_remaining_batc
             uninterrupted, rank, resumed, base=k * saved)
         assert line["state"] == {"epoch": 2, "index": rank, "base": 0, "rank": rank,
                                  "world_size": resumed}
+    # `streampack digest` computes the resumed stream from the same checkpoint.
+    rank = resumed - 1
+    out = subprocess.run(
+        command("digest", *flags({"corpus": str(FIXTURE), **SMALL, **SETTINGS}),
+                "--rank", str(rank), "--world-size", str(resumed),
+                "--state-in", str(checkpoint)),
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["digest"] == after[rank]["digest"]
     # The two jobs' real batches are the uninterrupted stream's, each exactly once.
     real = sum(line["batches"] - line["fillers"] for line in before + after)
     assert real == sum(len(batches) for batches in uninterrupted.values())
