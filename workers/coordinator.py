@@ -88,6 +88,8 @@ class Coordinator:
         self.settings = settings
         self.counters = ProducerCounters()
         self.log = log or logger.info
+        # What a peer did wrong, or lost work: a warning (the same callable when injected).
+        self.warn = log or logger.warning
         self.send_worker = send_worker
         self.send_consumer = send_consumer
         self.quarantine_file = quarantine_file
@@ -128,15 +130,15 @@ class Coordinator:
             self._worker_message(identity, message, now)
         except ProtocolError as exc:
             self.counters.add("rejected_worker")
-            self.log(f"producer: rejected a message from worker {identity.hex()}: {exc}")
+            self.warn(f"producer: rejected a message from worker {identity.hex()}: {exc}")
             self.send_worker(identity, "error", {"message": str(exc)[:1000]}, None)
 
     def _worker_message(self, identity: bytes, message: wire.Message, now: float) -> None:
         kind, fields = message.kind, message.fields
         if kind == "error":  # our message was refused; answering would start a ping-pong
             self.counters.add("peer_errors")
-            self.log(f"producer: worker {identity.hex()} refused a message: "
-                     f"{fields['message'][:500]!r}")
+            self.warn(f"producer: worker {identity.hex()} refused a message: "
+                      f"{fields['message'][:500]!r}")
             return
         if kind in ("ready", "heartbeat"):
             stated = fields["credit"] if kind == "ready" else fields["free"]
@@ -156,8 +158,8 @@ class Coordinator:
                     self.counters.add("credit_clamped")
                     if identity not in self._clamp_logged and len(self._clamp_logged) < 1024:
                         self._clamp_logged.add(identity)
-                        self.log(f"producer: worker {identity.hex()} offered credit {stated}; "
-                                 f"a worker holds at most {MAX_CREDIT} windows (clamped)")
+                        self.warn(f"producer: worker {identity.hex()} offered credit {stated}; "
+                                  f"a worker holds at most {MAX_CREDIT} windows (clamped)")
             return
         if kind not in ("packed", "failed"):
             raise ProtocolError(f"{kind!r} is not a worker message")
@@ -181,8 +183,8 @@ class Coordinator:
         blamed = worker.proven and held == "oldest"  # see registry: what a loss may count
         if kind == "failed":
             self.counters.add("windows_failed_by_worker")
-            self.log(f"producer: worker {identity.hex()} failed window {key}: "
-                     f"{fields['error'][:500]!r}; the contract plans it, so it goes elsewhere")
+            self.warn(f"producer: worker {identity.hex()} failed window {key}: "
+                      f"{fields['error'][:500]!r}; the contract plans it, so it goes elsewhere")
             self.pipeline.release(key, loss=blamed, why=f"reported {fields['error'][:200]!r}")
             self._assemble()
             return
@@ -207,8 +209,8 @@ class Coordinator:
             self.metrics.observe_pack(fields["seconds"])
         if fields["audit_error"]:
             self.counters.last_audit_error = fields["audit_error"][:500]
-            self.log(f"producer: audit failures in window {key}: "
-                     f"{fields['audit_error'][:1000]!r}")
+            self.warn(f"producer: audit failures in window {key}: "
+                      f"{fields['audit_error'][:1000]!r}")
         self.counters.add("batches_received", self.pipeline.accept(key))
         self.counters.peak("reorder_bytes_peak", self.reorder_bytes)
         self._assemble()
@@ -228,8 +230,8 @@ class Coordinator:
                 return
             if message.kind == "error":
                 self.counters.add("peer_errors")
-                self.log(f"producer: consumer {identity.hex()} refused a message: "
-                         f"{message.fields['message'][:500]!r}")
+                self.warn(f"producer: consumer {identity.hex()} refused a message: "
+                          f"{message.fields['message'][:500]!r}")
                 return
             if message.kind != "fetch":
                 raise ProtocolError(f"a producer's consumer endpoint accepts 'fetch' and "
@@ -238,7 +240,7 @@ class Coordinator:
                                             self.pipeline.assembly_point)
         except ProtocolError as exc:
             self.counters.add("rejected_consumer")
-            self.log(f"producer: rejected a message from consumer {identity.hex()}: {exc}")
+            self.warn(f"producer: rejected a message from consumer {identity.hex()}: {exc}")
             self.send_consumer(identity, "error", {"message": str(exc)[:1000]}, None)
             return
         if not self.started:
@@ -267,8 +269,8 @@ class Coordinator:
         for identity in self.registry.silent(now):
             self.counters.add("workers_lost")
             held, blamed = self.registry.forget(identity)
-            self.log(f"producer: worker {identity.hex()} silent for more than "
-                     f"{self.settings.heartbeat_timeout}s; reissuing {len(held)} window(s)")
+            self.warn(f"producer: worker {identity.hex()} silent for more than "
+                      f"{self.settings.heartbeat_timeout}s; reissuing {len(held)} window(s)")
             self._release_all(held, blamed, "silent")
         for identity, key in self.registry.overdue(now):
             if self.registry.get(identity) is None:
@@ -276,9 +278,9 @@ class Coordinator:
             self.counters.add("windows_overdue")
             self.counters.add("workers_dropped")
             held, blamed = self.registry.drop(identity, now, self.settings.window_timeout)
-            self.log(f"producer: worker {identity.hex()} missed the deadline of window {key} "
-                     f"({self.settings.window_timeout}s); dropped, reissuing {len(held)} "
-                     f"window(s)")
+            self.warn(f"producer: worker {identity.hex()} missed the deadline of window {key} "
+                      f"({self.settings.window_timeout}s); dropped, reissuing {len(held)} "
+                      f"window(s)")
             self._release_all(held, blamed, "missed its deadline")
         self.delivery.expire(now)
 

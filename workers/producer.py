@@ -108,7 +108,7 @@ class Producer:
             settings, source,
             send_worker=lambda *message: self._send("workers", *message),
             send_consumer=lambda *message: self._send("consumers", *message),
-            quarantine_file=self._quarantine_file, log=self.log)
+            quarantine_file=self._quarantine_file, log=log)  # None: logged with levels
         self.stopping = False
         self.serving = False
 
