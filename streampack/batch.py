@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
+from .config import POLICIES
 from .errors import (
     BindingMismatch,
     InternalError,
@@ -149,6 +150,8 @@ class PackedBatch:
     #: int32 per occurrence: the index, in the corpus manifest's ``sources``, of the source
     #: each occurrence came from (all 0 for a corpus of one source; zeros when not given).
     sources: np.ndarray = None  # type: ignore[assignment]
+    #: The ``PackConfig.policy`` that placed the occurrences ("next_fit" or "best_fit").
+    policy: str = "next_fit"
 
     ARRAY_FIELDS = tuple(ARRAY_DTYPES)
 
@@ -276,6 +279,7 @@ class PackedBatch:
             "permitted_edges": edges,
             "valid_density": valid_cells / cells if cells else 0.0,
             "edge_density": edges / dense if dense else 0.0,
+            "policy": self.policy,
         }
 
     # -- identity ---------------------------------------------------------------------
@@ -389,6 +393,7 @@ class CompactBatch:
     binding: Binding
     filler: bool = False
     sources: np.ndarray = None  # type: ignore[assignment]  # as PackedBatch.sources
+    policy: str = "next_fit"  # as PackedBatch.policy
 
     def __post_init__(self) -> None:
         if self.sources is None:
@@ -422,6 +427,8 @@ class CompactBatch:
                  f"per occurrence ({occ.shape[0]})")
         if sources.size and int(sources.min()) < 0:
             fail(f"source index {int(sources.min())}; accepted: >= 0")
+        if self.policy not in POLICIES:
+            fail(f"policy {self.policy!r}; accepted: {', '.join(map(repr, POLICIES))}")
         if self.filler or occ.size == 0:
             if not (self.filler and occ.size == 0 and tokens.size == 0):
                 fail("a batch is a filler exactly when it has no occurrences and no tokens")
@@ -467,6 +474,7 @@ class CompactBatch:
             # (mypy matches a ** dict against every parameter, the bool and Binding ones too)
             **arrays,  # type: ignore[arg-type]
             occurrences=self.occurrences, binding=self.binding, sources=self.sources,
+            policy=self.policy,
         )
 
     @property

@@ -281,6 +281,7 @@ def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> P
                 valid_lengths=valid_lengths[rows],
                 occurrences=occurrences[plan.row_first[first_row] : plan.row_first[last_row]],
                 binding=binding,
+                policy=config.policy,
             )
         )
     return PackedEpoch(
@@ -381,7 +382,7 @@ def select_tokens(
 
 def compact_batches(
     examples: Examples, occurrences: np.ndarray, sizes: np.ndarray, binding: Binding,
-    capacity: int,
+    capacity: int, policy: str = "next_fit",
 ) -> list[CompactBatch]:
     """The compact batches of a plan from :func:`plan_compact`, tokens gathered in the
     records' order (best-fit's is not the supplied order)."""
@@ -397,6 +398,7 @@ def compact_batches(
             rows=int(occurrences["row"][last - 1]) + 1,
             capacity=capacity,
             binding=binding,
+            policy=policy,
         )
         for first, last in zip(ends - sizes, ends)
     ]
@@ -410,7 +412,8 @@ def pack_compact(examples: Examples, binding: Binding, config: PackConfig) -> li
     returns at the same index. A compact batch is about 4 bytes per cell instead of 23.
     """
     occurrences, sizes = plan_compact(examples, binding, config)
-    return compact_batches(examples, occurrences, sizes, binding, config.capacity)
+    return compact_batches(examples, occurrences, sizes, binding, config.capacity,
+                           config.policy)
 
 
 def warm_up_kernels() -> tuple[Examples, CompactBatch]:

@@ -102,6 +102,20 @@ class Window:
                                   self.start[first:last], self.stop[first:last])
         return tokens
 
+    def batch_tokens(self, ordinals: np.ndarray) -> np.ndarray:
+        """The tokens of a compact batch holding documents ``ordinals`` (its occurrence
+        records' ``ordinal`` column), in that order. Next-fit's ordinals are consecutive
+        (``selected_tokens``, a slice where it can be); best-fit's are not (a gather)."""
+        from streampack.packing import select_tokens
+
+        ordinals = np.asarray(ordinals, dtype=np.int64)
+        first = int(ordinals[0]) if len(ordinals) else 0
+        if np.array_equal(ordinals, np.arange(first, first + len(ordinals))):
+            return self.selected_tokens(first, first + len(ordinals))
+        tokens, _ = select_tokens(self.tokens, self.offsets, ordinals, self.start[ordinals],
+                                  self.stop[ordinals])
+        return tokens
+
     def arrays(self) -> dict[str, np.ndarray]:
         """The window frames of the wire protocol, in order."""
         return {

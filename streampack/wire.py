@@ -1,9 +1,9 @@
-"""The wire protocol between producer, pack workers and consumers (version 5).
+"""The wire protocol between producer, pack workers and consumers (version 6).
 
 Every message is a ZeroMQ multipart message::
 
     frame 0      header: one msgpack map, keys in this order
-                   "v"  protocol version (int, 5)
+                   "v"  protocol version (int, 6)
                    "k"  kind (str, one of KINDS)
                    ...  the kind's fields, in the order KINDS lists them
                    "f"  one [name, dtype, shape] triple per following frame
@@ -14,7 +14,7 @@ For example ``encode_header("ready", {"credit": 2, "needs_tokens": False})`` is 
 37 bytes (the tests pin them)::
 
     85                    map of 5
-    a1 76 05              "v": 5
+    a1 76 06              "v": 6
     a1 6b a5 72 65 61 64 79      "k": "ready"
     a6 63 72 65 64 69 74 02      "credit": 2
     ac 6e 65 65 64 73 5f 74 6f 6b 65 6e 73 c2      "needs_tokens": false
@@ -43,7 +43,9 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  rank`, `base + rank + world_size`, ...
                                                  (`base` is 0 except in the epoch an elastic
                                                  resume continues: see client.resume_cursor)
-    batch      P->C  epoch index window batch filler binding rows capacity
+    batch      P->C  epoch index window batch filler binding rows capacity policy
+                                                 (`policy`: the PackConfig.policy that
+                                                 placed the batch, version 6)
                                                  frames: tokens occurrences sources (a
                                                  compact batch: the selected tokens,
                                                  occurrence records, and each occurrence's
@@ -80,7 +82,7 @@ from streampack.examples import Binding
 if TYPE_CHECKING:
     import zmq
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 _INT = "int"
 _STR = "str"
@@ -137,6 +139,7 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("binding", _MAP),
             ("rows", _INT),
             ("capacity", _INT),
+            ("policy", _STR),
         ),
         BATCH_FRAMES,
     ),
@@ -434,9 +437,10 @@ def batch_arrays(batch: CompactBatch) -> dict[str, np.ndarray]:
     return {"tokens": batch.tokens, "occurrences": batch.occurrences, "sources": batch.sources}
 
 
-def batch_shape(batch: CompactBatch) -> dict[str, int]:
-    """The header fields that say how to expand a ``CompactBatch``."""
-    return {"rows": batch.rows, "capacity": batch.capacity}
+def batch_shape(batch: CompactBatch) -> dict[str, int | str]:
+    """The header fields that say how to expand a ``CompactBatch``, and which placement
+    policy made it."""
+    return {"rows": batch.rows, "capacity": batch.capacity, "policy": batch.policy}
 
 
 def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) -> CompactBatch:
@@ -457,6 +461,7 @@ def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) ->
             capacity=f["capacity"],
             binding=binding_from_wire(f["binding"]),
             filler=f["filler"],
+            policy=f["policy"],
         ).checked(max_cells=limits.max_frame_bytes // 4)
     except InvalidArray as exc:
         raise ProtocolError(str(exc)) from None

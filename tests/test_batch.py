@@ -67,7 +67,7 @@ def test_stats_count_cells_targets_and_edges(batch):
         "rows": 2, "capacity": 6, "cells": 12, "valid_cells": 9, "real_targets": 9,
         "padding_cells": 3, "padding_fraction": 0.25, "occurrences": 3,
         "dense_score_positions": 72, "permitted_edges": 3 * 4 // 2 + 2 * 3 // 2 + 4 * 5 // 2,
-        "valid_density": 9 / 12, "edge_density": 19 / 72,
+        "valid_density": 9 / 12, "edge_density": 19 / 72, "policy": "next_fit",
     }
 
 

@@ -41,7 +41,7 @@ def worked_compact() -> CompactBatch:
 def test_ready_header_bytes_are_pinned():
     header = wire.encode_header("ready", {"credit": 2, "needs_tokens": False})
     assert header == bytes.fromhex(
-        "85" "a176" "05" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
+        "85" "a176" "06" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
         "ac" + b"needs_tokens".hex() + "c2" "a166" "90"
     )
     assert len(header) == 37
@@ -51,7 +51,7 @@ def test_fetch_header_bytes_are_pinned():
     header = wire.encode_header(
         "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4, "base": 0})
     expected = (
-        b"\x89\xa1v\x05\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\x89\xa1v\x06\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
         b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa4base\x00\xa1f\x90"
     )
     assert header == expected
@@ -301,3 +301,27 @@ def test_maxmsgsize_is_set_on_sockets():
     finally:
         socket.close()
         context.term()
+
+
+def test_the_policy_that_placed_a_batch_travels_in_its_header():
+    """Version 6: the batch header says which PackConfig.policy placed it, and the
+    consumer's batch reports it in stats()."""
+    config = PackConfig(capacity=6, max_rows_per_batch=2, policy="best_fit", open_rows=2)
+    (compact,) = pack_compact(Examples.from_documents(WORKED), BINDING, config)
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
+    header = frames[0]
+    assert msgpack.unpackb(header)["policy"] == "best_fit"
+    # ... "capacity": 6, "policy": "best_fit", then "f"
+    assert bytes.fromhex("a8" + b"capacity".hex() + "06" "a6" + b"policy".hex()
+                         + "a8" + b"best_fit".hex() + "a166") in header
+    batch = wire.batch_from_message(wire.decode(frames)).expand()
+    assert batch.policy == "best_fit" and batch.stats()["policy"] == "best_fit"
+    assert worked_batch().stats()["policy"] == "next_fit"
+
+
+def test_a_batch_header_with_an_unknown_policy_is_refused():
+    compact = worked_compact()
+    frames = wire.encode("batch", batch_fields(compact, policy="first_fit"),
+                         wire.batch_arrays(compact))
+    with pytest.raises(ProtocolError, match="policy 'first_fit'; accepted: 'next_fit'"):
+        wire.batch_from_message(wire.decode(frames))

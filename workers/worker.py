@@ -151,7 +151,8 @@ class Worker:
             audited = failures = len(sizes)
             notes.append("the window came without its tokens; nothing could be audited")
         elif self.settings.audit_every and examples is not None:  # only audits need tokens
-            batches = compact_batches(examples, occurrences, sizes, binding, config.capacity)
+            batches = compact_batches(examples, occurrences, sizes, binding, config.capacity,
+                                      config.policy)
             for index, batch in enumerate(batches):
                 a, f, note = self._audit(batch, examples)
                 audited += a

@@ -110,7 +110,8 @@ def reference_pack(examples: Examples, binding: Binding, config: PackConfig) -> 
         batches.append(
             PackedBatch(  # (mypy matches a ** dict against every parameter: see batch.py)
                 **fields,  # type: ignore[arg-type]
-                occurrences=np.array(records, dtype=OCCURRENCE_DTYPE), binding=binding
+                occurrences=np.array(records, dtype=OCCURRENCE_DTYPE), binding=binding,
+                policy=config.policy,
             )
         )
     return batches
