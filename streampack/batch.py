@@ -181,8 +181,10 @@ class PackedBatch:
         return int(self.inputs.shape[1])
 
     @classmethod
-    def filler_like(cls, binding: Binding, rows: int, capacity: int) -> PackedBatch:
-        """An all-padding batch (no occurrences, no targets), flagged ``filler``."""
+    def filler_like(cls, binding: Binding, rows: int, capacity: int,
+                    policy: str = "next_fit") -> PackedBatch:
+        """An all-padding batch (no occurrences, no targets), flagged ``filler``; it
+        reports the ``policy`` of the stream it pads."""
         shape = (rows, capacity)
         return cls(
             inputs=np.full(shape, PAD_CELL, np.int32),
@@ -197,6 +199,7 @@ class PackedBatch:
             occurrences=np.zeros(0, OCCURRENCE_DTYPE),
             binding=binding,
             filler=True,
+            policy=policy,
         )
 
     # -- permission (rule C6) -------------------------------------------------------
@@ -400,9 +403,10 @@ class CompactBatch:
             object.__setattr__(self, "sources", np.zeros(len(self.occurrences), np.int32))
 
     @classmethod
-    def filler_like(cls, binding: Binding, rows: int, capacity: int) -> CompactBatch:
+    def filler_like(cls, binding: Binding, rows: int, capacity: int,
+                    policy: str = "next_fit") -> CompactBatch:
         return cls(tokens=np.zeros(0, np.int32), occurrences=np.zeros(0, OCCURRENCE_DTYPE),
-                   rows=rows, capacity=capacity, binding=binding, filler=True)
+                   rows=rows, capacity=capacity, binding=binding, filler=True, policy=policy)
 
     def checked(self, *, max_cells: int) -> CompactBatch:
         """Raise ``InvalidArray`` unless this is a batch ``pack_compact`` could have made."""
@@ -467,7 +471,7 @@ class CompactBatch:
         from .kernels.pack_cpu import fill_compact
 
         if self.filler:
-            return PackedBatch.filler_like(self.binding, self.rows, self.capacity)
+            return PackedBatch.filler_like(self.binding, self.rows, self.capacity, self.policy)
         arrays = expanded_arrays(self.rows, self.capacity, block)
         fill_compact(self.tokens, self.occurrences, *arrays.values())
         return PackedBatch(

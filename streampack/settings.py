@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from streampack.config import POLICIES, PackConfig
 from streampack.errors import InvalidConfig
 
 if sys.version_info >= (3, 11):
@@ -179,6 +180,8 @@ class ProducerSettings:
     max_rows_per_batch: int = 8
     max_cells: int | None = None
     max_metadata_bytes: int = 256 * _MIB
+    policy: str = "next_fit"
+    open_rows: int | None = None
     window_documents: int = 1024
     window_tokens: int = 1 << 18
     epochs: int = 1
@@ -204,6 +207,13 @@ class ProducerSettings:
                 "corpus is not set; pass --corpus PATH or set corpus in the [producer] table"
             )
         return self.corpus
+
+    def pack_config(self) -> PackConfig:
+        """The ``PackConfig`` every window is packed with (and a worker's plan checked
+        against)."""
+        return PackConfig(capacity=self.capacity, max_rows_per_batch=self.max_rows_per_batch,
+                          max_cells=self.max_cells, max_metadata_bytes=self.max_metadata_bytes,
+                          policy=self.policy, open_rows=self.open_rows)
 
     def __post_init__(self) -> None:
         _check_metrics(self.metrics_port, self.metrics_address)
@@ -237,6 +247,11 @@ class ProducerSettings:
         _check_float("consumer_timeout", self.consumer_timeout, minimum=0.0)
         if self.quarantine_path is not None and not isinstance(self.quarantine_path, str):
             raise InvalidConfig(f"quarantine_path = {self.quarantine_path!r} must be a path")
+        if self.policy not in POLICIES:
+            raise InvalidConfig(f"policy = {self.policy!r}; expected one of {POLICIES}")
+        if self.open_rows is not None:
+            _check_int("open_rows", self.open_rows, minimum=1)
+        self.pack_config()  # the packing fields together: open_rows against the policy
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -299,6 +314,9 @@ FIELD_HELP: dict[str, str] = {
     "shuffle": "shuffle documents per epoch with a permutation of (seed, epoch)",
     "seed": "shuffle seed",
     "shuffle_buffer": "documents held by the bounded shuffle of sources without random access",
+    "policy": "placement: 'next_fit' (rule C2, in supplied order) or 'best_fit' (the open "
+    "row with the least room that fits; fills more, same stream for any worker count)",
+    "open_rows": "rows best_fit keeps open (default 64; next_fit keeps 1)",
     "tail": "epoch tail: 'fill' pads every rank to the same count with all-padding "
     "batches flagged filler; 'drop' drops the remainder",
     "window_budget_bytes": "bytes of windows handed to workers and not yet complete",

@@ -40,11 +40,25 @@ def test_defaults_are_valid_and_bind_loopback():
         ("heartbeat_timeout", 0, "heartbeat_timeout = 0 must be a number > 0"),
         ("shuffle", "yes", "shuffle = 'yes' must be true or false"),
         ("epochs", -1, "epochs = -1"),
+        ("policy", "first_fit", r"policy = 'first_fit'; expected one of \('next_fit', "),
+        ("open_rows", 0, "open_rows = 0 must be an integer >= 1"),
+        ("open_rows", 8, "open_rows=8 with policy='next_fit'"),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_accepted(field, value, match):
     with pytest.raises(InvalidConfig, match=match):
         ProducerSettings(**{field: value})
+
+
+def test_policy_flags_reach_the_pack_config():
+    parser = argparse.ArgumentParser()
+    add_flags(parser, ProducerSettings)
+    args = parser.parse_args(["--policy", "best_fit", "--open-rows", "16"])
+    config = from_args(ProducerSettings, args).pack_config()
+    assert (config.policy, config.open_rows) == ("best_fit", 16)
+    default = ProducerSettings(policy="best_fit").pack_config()
+    assert (default.policy, default.open_rows) == ("best_fit", 64)
+    assert ProducerSettings().pack_config().policy == "next_fit"
 
 
 def test_toml_tables_and_flags_layer(tmp_path):

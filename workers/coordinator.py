@@ -68,15 +68,13 @@ def receive_limit(settings: ProducerSettings) -> int:
 
 def pack_config(settings: ProducerSettings) -> PackConfig:
     """The packing configuration of the stream (what workers get with each window)."""
-    return PackConfig(capacity=settings.capacity,
-                      max_rows_per_batch=settings.max_rows_per_batch,
-                      max_cells=settings.max_cells,
-                      max_metadata_bytes=settings.max_metadata_bytes)
+    return settings.pack_config()
 
 
 def config_to_wire(config: PackConfig) -> dict[str, Any]:
     return {"capacity": config.capacity, "max_rows_per_batch": config.max_rows_per_batch,
-            "max_cells": config.max_cells, "max_metadata_bytes": config.max_metadata_bytes}
+            "max_cells": config.max_cells, "max_metadata_bytes": config.max_metadata_bytes,
+            "policy": config.policy, "open_rows": config.open_rows}
 
 
 class Coordinator:
@@ -110,7 +108,7 @@ class Coordinator:
             consumer_timeout=settings.consumer_timeout, send=send_consumer,
             counters=self.counters, binding_wire=self.binding_wire,
             filler=CompactBatch.filler_like(self.binding, settings.max_rows_per_batch,
-                                            settings.capacity),
+                                            settings.capacity, settings.policy),
             epoch_live=self.pipeline.epoch_live, total=self.pipeline.totals.get,
             numbered=self.pipeline.numbered)
         self.started = False  # nothing is cut before the first fetch says where to start

@@ -20,7 +20,7 @@ from typing import Any
 from streampack.service.delivery import rank_share
 from streampack.service.worker import window_examples
 
-from streampack import PackConfig, PackedBatch, pack_examples
+from streampack import PackedBatch, pack_examples
 from streampack.client import ResumeError, StreamDigest, resume_cursor
 from streampack.corpus import open_corpus
 from streampack.errors import InvalidConfig
@@ -31,12 +31,7 @@ from streampack.windows import CutSpec, iter_windows
 def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterator[PackedBatch]:
     """The global batch sequence of one epoch, in order."""
     binding = source.binding.to_binding()
-    config = PackConfig(
-        capacity=settings.capacity,
-        max_rows_per_batch=settings.max_rows_per_batch,
-        max_cells=settings.max_cells,
-        max_metadata_bytes=settings.max_metadata_bytes,
-    )
+    config = settings.pack_config()
     for window in iter_windows(source, epoch, CutSpec.from_settings(settings)):
         if len(window.start) == 0:
             continue
@@ -76,7 +71,7 @@ def rank_stream(
         for g in range(begin, limit, world_size):
             if g >= total:
                 yield epoch, g, PackedBatch.filler_like(
-                    binding, settings.max_rows_per_batch, settings.capacity
+                    binding, settings.max_rows_per_batch, settings.capacity, settings.policy
                 )
         if total == 0:
             return  # no documents: every epoch is empty, so an unbounded stream ends

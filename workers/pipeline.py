@@ -256,7 +256,7 @@ class Pipeline:
         built from the producer's own plan and window. Returns how many."""
         state = self.inflight[key]
         batches = plan_batches(state.window, state.plan, self.binding, self.config.capacity,
-                               self.config.max_rows_per_batch)
+                               self.config.max_rows_per_batch, self.config.policy)
         state.holder = None
         state.batches = batches
         state.batch_bytes = sum(batch.nbytes for batch in batches)

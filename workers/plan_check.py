@@ -82,8 +82,10 @@ def check_plan(key: tuple[int, int], expected: ContractPlan, capacity: int,
 
 
 def plan_batches(window: Window, plan: ContractPlan, binding: Binding, capacity: int,
-                 max_rows_per_batch: int) -> list[CompactBatch]:
-    """The compact batches of the contract's plan, tokens taken from ``window``."""
+                 max_rows_per_batch: int, policy: str = "next_fit") -> list[CompactBatch]:
+    """The compact batches of the contract's plan, tokens taken from ``window`` by the
+    records' ordinals (best-fit's are not consecutive: a later document may sit in an
+    earlier row)."""
     batches = []
     ends = np.cumsum(plan.sizes)
     for first, last in zip((ends - plan.sizes).tolist(), ends.tolist()):
@@ -93,7 +95,9 @@ def plan_batches(window: Window, plan: ContractPlan, binding: Binding, capacity:
             raise InternalError(f"plan_ranges placed {rows} rows in one batch of window "
                                 f"{(window.epoch, window.index)}; max_rows_per_batch is "
                                 f"{max_rows_per_batch}")
-        batches.append(CompactBatch(tokens=window.selected_tokens(first, last),
+        ordinals = occurrences["ordinal"]
+        batches.append(CompactBatch(tokens=window.batch_tokens(ordinals),
                                     occurrences=occurrences, rows=rows, capacity=capacity,
-                                    binding=binding, sources=window.source_index[first:last]))
+                                    binding=binding, sources=window.source_index[ordinals],
+                                    policy=policy))
     return batches
