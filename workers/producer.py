@@ -176,8 +176,8 @@ class Producer:
                 wire.attach(workers, local_worker_endpoint, field="local worker endpoint",
                             bind=True)
             self.serving = True
-            worker_at = workers.getsockopt(zmq.LAST_ENDPOINT).decode()
-            consumer_at = consumers.getsockopt(zmq.LAST_ENDPOINT).decode()
+            worker_at = workers.getsockopt_string(zmq.LAST_ENDPOINT)
+            consumer_at = consumers.getsockopt_string(zmq.LAST_ENDPOINT)
             self.log(f"producer: serving workers on {worker_at} and consumers on {consumer_at}")
             if ready_callback is not None:
                 ready_callback(worker_at, consumer_at)
