@@ -50,7 +50,7 @@ test-gpu: $(BIN)/streampack
 test-docker: $(BIN)/streampack
 	STREAMPACK_HOST_PYTHON=$(CURDIR)/$(BIN)/python bash deploy/test-docker.sh
 
-# The randomized fault-injection tier (tests/chaos): CHAOS_SEEDS=N runs seeds 0..N-1,
+# The randomized fault-injection tier (tests/chaos): CHAOS_SEEDS=N runs seeds 0..N-1 (A-B: A..B),
 # CHAOS_SEED=S replays one, CHAOS_FAULTS=all adds the fault kinds still disabled.
 .PHONY: chaos
 chaos: $(BIN)/streampack

@@ -40,36 +40,30 @@ from peers import Peer, fake_worker, garbage, stray_fetches, wrong_world_fetch
 
 TRAINER = Path(__file__).resolve().parent / "trainer.py"
 
-#: Fault kinds today's main survives: drawn by every run.
+#: Fault kinds drawn by every run: main survives each of them.
 ENABLED = (
     "worker_kill",
     "worker_stop",
+    "trainer_kill",
     "trainer_stop",
+    "producer_restart",
+    "stray_fetch",
     "garbage",
     "shifted_plan",
     "other_window",
+    "silent_worker",
+    "wrong_world_fetch",
+    "unfit_plan",
+    "foreign_failed",
+    "forged_counters",
+    "worker_wave",
+    "tail_drop",  # not a fault: a setting; without it every run uses tail = "fill"
 )
 
-#: Fault kinds that still break the service on main, each with the defect of issue 12 it
-#: reproduces. CHAOS_FAULTS=all (or a comma list) draws them too; a kind moves to ENABLED
-#: once its fix has landed and the tier passes with it.
-DISABLED = {
-    "trainer_kill": "defect 1: a trainer resuming behind what was sent, with the reorder "
-                    "buffer at its budget, deadlocks every rank",
-    "stray_fetch": "defect 1: a stranger's fetch takes a batch ahead of its rank; the rank's "
-                   "own fetch then rewinds against a full reorder buffer and stalls (F1)",
-    "producer_restart": "defect 1: a restarted producer replays the epoch from window 0 "
-                        "and stalls at its reorder budget under resuming trainers (F3)",
-    "silent_worker": "defect 3: a worker that heartbeats but never answers holds its window",
-    "wrong_world_fetch": "defect 5: the first fetch fixes the world size",
-    "unfit_plan": "defect 9: a well-formed plan that is not next-fit is accepted",
-    "foreign_failed": "defect 10: 'failed' for a window the peer was never given",
-    "forged_counters": "defect 7: out-of-range counters crash the producer's status",
-    "worker_wave": "defect 6: workers that take a window and vanish quarantine it",
-    # Not a fault: a setting. Without it every run uses tail = "fill".
-    "tail_drop": "tail = 'drop' serves a batch past the tail when it is fetched before the "
-                 "epoch's total is known (chaos finding F2)",
-}
+#: Fault kinds the service does not survive yet, each with what goes wrong: drawn only
+#: with CHAOS_FAULTS=all (or by name). A kind moves to ENABLED once it is fixed and the
+#: tier passes with it. Empty: the service survives every kind.
+DISABLED: dict[str, str] = {}
 
 ALL_KINDS = ENABLED + tuple(DISABLED)
 PEER_KINDS = {"stray_fetch", "garbage", "shifted_plan", "other_window", "silent_worker",
@@ -140,6 +134,10 @@ class Plan:
             "reorder_budget_bytes": rng.choice([4096, 16384, 65536]),
             "window_budget_bytes": rng.choice([4096, 32768]),
             "heartbeat_timeout": 1.0,
+            # A window packs in milliseconds: a worker holding one for 3 s is not working.
+            "window_timeout": 3.0,
+            # Trainers here resend after 1 s of silence, so 4 s without a word is a gone one.
+            "consumer_timeout": 4.0,
             "max_message_bytes": MAX_MESSAGE_BYTES,
         }
         world_size = rng.choice([1, 2, 2, 3])
@@ -341,7 +339,7 @@ class Run:
             self._read(segment)  # what it logged before it died counts
             cursors = [{"epoch": segment.start[0], "index": segment.start[1]}]
             cursors += segment.checkpoints
-            back = fault.variant % 4  # 0: its last checkpoint; more: an older one
+            back = fault.variant % 6  # 0: its last checkpoint; more: an older one
             cursor = cursors[max(0, len(cursors) - 1 - back)]
             self._note(f"  killed rank {segment.rank} after {segment.received} batches; "
                        f"restart from {cursor} ({back} checkpoint(s) back)")
@@ -349,6 +347,9 @@ class Run:
                         lambda: self.start_trainer(segment.rank, cursor))
         elif kind == "producer_restart":
             assert self.producer is not None
+            if self.producer.poll() is not None:
+                self._note("  the producer is down already (restart pending): skipped")
+                return
             how = "SIGKILL" if fault.variant % 2 else "SIGTERM"
             self.producer.send_signal(getattr(signal, how))
             try:

@@ -138,7 +138,7 @@ def garbage(rng: random.Random, max_message_bytes: int) -> Callable[[Peer], None
 
 
 def wrong_world_fetch(world_size: int) -> Callable[[Peer], None]:
-    """A fetch from a job of another size (issue 12, defect 5)."""
+    """A fetch from a job of another size: it must not lock the real job out."""
     def body(peer: Peer) -> None:
         other = world_size + 1
         peer.send(wire.encode("fetch", {"rank": other - 1, "world_size": other, "epoch": 0,
@@ -176,11 +176,13 @@ def fake_worker(rng: random.Random, behaviour: str, life: float) -> Callable[[Pe
     - ``shifted_plan``: a plan whose occurrence ordinals are off by one (refusable);
     - ``other_window``: the true plan of its window, labelled as the next window;
     - ``unfit_plan``: every document in a batch of its own: well-formed, each document
-      once, in order, with its range, but not next-fit (issue 12, defect 9);
-    - ``foreign_failed``: ``failed`` for a window it was never given (defect 10);
-    - ``forged_counters``: ``packed`` with counters out of range (defect 7);
-    - ``silent``: never answers, heartbeats for its whole life (defect 3);
-    - ``vanish``: takes windows and disappears at once, again and again (defect 6).
+      once, in order, with its range, but not next-fit: it must be refused;
+    - ``foreign_failed``: ``failed`` for windows it was never given (none may be lost);
+    - ``forged_counters``: ``packed`` with counters out of range, NaN seconds and a
+      newline in its text (the producer must neither crash nor forge a log line);
+    - ``silent``: never answers, heartbeats for its whole life (the window must move on);
+    - ``vanish``: takes a window and disappears at once; six of them in a row
+      (``worker_wave``) must not get a window quarantined.
     """
     def heartbeat(peer: Peer) -> None:
         peer.send(wire.encode("heartbeat", {"free": 1, "needs_tokens": False}))

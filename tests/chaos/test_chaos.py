@@ -4,6 +4,7 @@ by batch against the in-process ``digest`` stream and for exactly-once delivery.
 
     make chaos                          the CI seeds (0 .. CHAOS_SEEDS-1)
     make chaos CHAOS_SEEDS=200          more of them
+    make chaos CHAOS_SEEDS=100-199      a range of seeds
     make chaos CHAOS_SEED=17            replay one seed (printed by a failing run)
     make chaos CHAOS_FAULTS=all         also the fault kinds still disabled (harness.DISABLED)
 
@@ -20,14 +21,16 @@ from harness import Plan, replay_command, run_seed, selected_kinds
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 #: Seeds CI runs: the whole tier fits in about four minutes on two cores.
-DEFAULT_SEEDS = 10
+DEFAULT_SEEDS = 12
 
 
 def _seeds() -> list[int]:
     one = os.environ.get("CHAOS_SEED", "")
     if one:
         return [int(one)]
-    return list(range(int(os.environ.get("CHAOS_SEEDS", "") or DEFAULT_SEEDS)))
+    spec = os.environ.get("CHAOS_SEEDS", "") or str(DEFAULT_SEEDS)
+    first, _, last = spec.partition("-")
+    return list(range(int(first), int(last) + 1)) if last else list(range(int(first)))
 
 
 KINDS = selected_kinds(os.environ.get("CHAOS_FAULTS"))
