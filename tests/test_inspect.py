@@ -156,3 +156,12 @@ def test_bad_choices_are_one_clear_line(argv, message, capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_the_readme_shows_the_golden_rendering_and_links_the_committed_png():
+    readme = (ROOT / "README.md").read_text()
+    assert "$ streampack inspect\n" + GOLDEN.read_text() in readme
+    assert "(docs/inspect-worked-example.png)" in readme
+    from matplotlib.image import imread
+
+    assert imread(ROOT / "docs" / "inspect-worked-example.png").shape[:2] == (850, 1000)
