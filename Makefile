@@ -50,8 +50,8 @@ test-gpu: $(BIN)/streampack
 test-docker: $(BIN)/streampack
 	STREAMPACK_HOST_PYTHON=$(CURDIR)/$(BIN)/python bash deploy/test-docker.sh
 
-# The randomized fault-injection tier (tests/chaos): CHAOS_SEEDS=N runs seeds 0..N-1 (A-B: A..B),
-# CHAOS_SEED=S replays one, CHAOS_FAULTS=all adds the fault kinds still disabled.
+# The randomized fault-injection tier (tests/chaos; `make test` runs it too): CHAOS_SEEDS=N
+# runs seeds 0..N-1 (or A-B), CHAOS_SEED=S replays one, CHAOS_FAULTS=a,b draws those kinds.
 .PHONY: chaos
 chaos: $(BIN)/streampack
 	CHAOS_SEEDS="$(CHAOS_SEEDS)" CHAOS_SEED="$(CHAOS_SEED)" CHAOS_FAULTS="$(CHAOS_FAULTS)" \

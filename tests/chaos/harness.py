@@ -139,6 +139,8 @@ class Plan:
             # Trainers here resend after 1 s of silence, so 4 s without a word is a gone one.
             "consumer_timeout": 4.0,
             "max_message_bytes": MAX_MESSAGE_BYTES,
+            # Plans of both packing policies are checked against the producer's own.
+            "policy": rng.choice(["next_fit", "best_fit"]),
         }
         world_size = rng.choice([1, 2, 2, 3])
         faults = []

@@ -2,11 +2,12 @@
 against a real producer, real pack workers and real trainers, each run checked batch
 by batch against the in-process ``digest`` stream and for exactly-once delivery.
 
-    make chaos                          the CI seeds (0 .. CHAOS_SEEDS-1)
+    make chaos                          the CI seeds (0 .. DEFAULT_SEEDS-1)
     make chaos CHAOS_SEEDS=200          more of them
     make chaos CHAOS_SEEDS=100-199      a range of seeds
     make chaos CHAOS_SEED=17            replay one seed (printed by a failing run)
     make chaos CHAOS_FAULTS=all         also the fault kinds still disabled (harness.DISABLED)
+    make chaos CHAOS_FAULTS=trainer_kill,garbage    only these kinds
 
 ``harness.py`` says what a run does and checks; ``peers.py`` holds the raw-zmq peers.
 """
@@ -20,7 +21,7 @@ from harness import Plan, replay_command, run_seed, selected_kinds
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
-#: Seeds CI runs: the whole tier fits in about four minutes on two cores.
+#: Seeds CI runs: about 10 CPU-seconds each, the tier within four minutes on two cores.
 DEFAULT_SEEDS = 12
 
 
