@@ -222,3 +222,25 @@ def test_a_filler_batch_cannot_be_flattened_or_described():
         filler.to_hf("flat", pad_id=0)
     with pytest.raises(sp.InvalidConfig, match="filler batch has no sequences"):
         filler.to_megatron()
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_on_cpu_sdpa_and_eager_take_flat_boundaries_from_position_ids_alone(packed, attention):
+    """What transformers 5.x does with the flat layout on CPU: sdpa and eager separate
+    documents by ``position_ids`` (a position that does not follow its left neighbour
+    starts a document) and never read ``cu_seq_lens_q/k`` / ``max_length_q/k``, which
+    only the FlashAttention paths (CUDA) take. So on CPU the positions are what keep
+    documents apart: wrong boundaries in cu_seq_lens change nothing, positions that run
+    on across documents change the logits."""
+    _, batch = packed
+    model = tiny_model("llama", attention)
+    arguments = batch.to_hf("flat", pad_id=0)
+    cells = arguments["input_ids"].shape[1]
+    one_sequence = {"cu_seq_lens_q": torch.tensor([0, cells], dtype=torch.int32),
+                    "cu_seq_lens_k": torch.tensor([0, cells], dtype=torch.int32),
+                    "max_length_q": cells, "max_length_k": cells}
+    with torch.no_grad():
+        logits = model(**arguments).logits
+        assert torch.equal(model(**(arguments | one_sequence)).logits, logits)
+        running = model(**(arguments | {"position_ids": torch.arange(cells)[None]})).logits
+    assert not torch.allclose(running, logits)
