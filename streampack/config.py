@@ -14,7 +14,7 @@ _INT32_MAX = 2**31 - 1
 #: Placement policies: rule C2's next-fit (the default) and the opt-in bounded best-fit.
 POLICIES = ("next_fit", "best_fit")
 #: Open rows of ``policy="best_fit"`` when ``open_rows`` is not given.
-DEFAULT_BEST_FIT_OPEN_ROWS = 64
+DEFAULT_BEST_FIT_OPEN_ROWS = 16
 #: Most open rows ``best_fit`` may keep: each example scans them all.
 MAX_OPEN_ROWS = 4096
 
@@ -40,7 +40,7 @@ class PackConfig:
         policy: where each example goes. ``"next_fit"`` (default): rule C2, in supplied
             order. ``"best_fit"`` (opt-in): the open row with the least room that still
             fits, among at most ``open_rows`` open rows (see ``streampack.packing``).
-        open_rows: rows ``best_fit`` keeps open (1..4096; default 64). More rows fill
+        open_rows: rows ``best_fit`` keeps open (1..4096; default 16). More rows fill
             better and plan slower. ``best_fit`` with one open row is next-fit. For
             ``next_fit`` it is 1, the only value accepted.
     """

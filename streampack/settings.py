@@ -316,7 +316,7 @@ FIELD_HELP: dict[str, str] = {
     "shuffle_buffer": "documents held by the bounded shuffle of sources without random access",
     "policy": "placement: 'next_fit' (rule C2, in supplied order) or 'best_fit' (the open "
     "row with the least room that fits; fills more, same stream for any worker count)",
-    "open_rows": "rows best_fit keeps open (default 64; next_fit keeps 1)",
+    "open_rows": "rows best_fit keeps open (default 16; next_fit keeps 1)",
     "tail": "epoch tail: 'fill' pads every rank to the same count with all-padding "
     "batches flagged filler; 'drop' drops the remainder",
     "window_budget_bytes": "bytes of windows handed to workers and not yet complete",

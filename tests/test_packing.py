@@ -493,6 +493,6 @@ def test_policy_settings_are_checked_once_with_what_is_accepted(fields, message)
         sp.PackConfig(capacity=8, max_rows_per_batch=2, **fields)
 
 
-def test_best_fit_defaults_to_64_open_rows_and_next_fit_to_one():
-    assert sp.PackConfig(capacity=8, max_rows_per_batch=2, policy="best_fit").open_rows == 64
+def test_best_fit_defaults_to_16_open_rows_and_next_fit_to_one():
+    assert sp.PackConfig(capacity=8, max_rows_per_batch=2, policy="best_fit").open_rows == 16
     assert sp.PackConfig(capacity=8, max_rows_per_batch=2).open_rows == 1

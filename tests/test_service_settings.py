@@ -57,7 +57,7 @@ def test_policy_flags_reach_the_pack_config():
     config = from_args(ProducerSettings, args).pack_config()
     assert (config.policy, config.open_rows) == ("best_fit", 16)
     default = ProducerSettings(policy="best_fit").pack_config()
-    assert (default.policy, default.open_rows) == ("best_fit", 64)
+    assert (default.policy, default.open_rows) == ("best_fit", 16)
     assert ProducerSettings().pack_config().policy == "next_fit"
 
 
