@@ -83,3 +83,15 @@ def random_inputs(
     rng = np.random.default_rng(seed)
     shape = (rows, heads, capacity, dim)
     return tuple(rng.standard_normal(shape).astype(dtype) for _ in range(4))
+
+
+def assert_same_results(got, want, dtype) -> None:
+    """``(out, lse, (dq, dk, dv))`` equal within the dtype's tolerance (gradients 5x it),
+    with ``-inf`` in ``lse`` exactly where ``want`` has it and the gradients in ``dtype``."""
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got[0], want[0], rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.isneginf(got[1]), np.isneginf(want[1]))
+    np.testing.assert_allclose(got[1], want[1], rtol=tol, atol=tol)
+    for g, w in zip(got[2], want[2]):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(g, w, rtol=5 * tol, atol=5 * tol)

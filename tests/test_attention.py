@@ -11,7 +11,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pytest
-from _attention_cases import BINDING, LAYOUTS, packed, random_inputs, uniform_expectation
+from _attention_cases import (
+    BINDING,
+    LAYOUTS,
+    assert_same_results,
+    packed,
+    random_inputs,
+    uniform_expectation,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -90,17 +97,7 @@ def test_kernel_matches_dense_reference_on_every_layout(impl, layout, dtype):
     q, k, v, d_out = random_inputs(len(rows), 2, capacity, 5, dtype, seed=len(layout))
     want = _reference(q, k, v, d_out, starts, valid, permission)
     got = IMPLEMENTATIONS[impl](q, k, v, d_out, starts, valid, permission)
-    _assert_same(got, want, dtype)
-
-
-def _assert_same(got, want, dtype):
-    tol = 2e-5 if dtype == np.float32 else 1e-12
-    np.testing.assert_allclose(got[0], want[0], rtol=tol, atol=tol)
-    np.testing.assert_array_equal(np.isneginf(got[1]), np.isneginf(want[1]))
-    np.testing.assert_allclose(got[1], want[1], rtol=tol, atol=tol)
-    for g, w in zip(got[2], want[2]):
-        assert g.dtype == dtype
-        np.testing.assert_allclose(g, w, rtol=5 * tol, atol=5 * tol)
+    assert_same_results(got, want, dtype)
 
 
 @st.composite
@@ -132,7 +129,7 @@ def test_kernel_matches_reference_on_random_packed_batches(case, seed, dim):
     q, k, v, d_out = random_inputs(starts.shape[0], 2, starts.shape[1], dim, np.float64, seed)
     want = _reference(q, k, v, d_out, starts, valid, permission, scale=0.7)
     got = _cpu(q, k, v, d_out, starts, valid, permission, scale=0.7, tiles=tiles)
-    _assert_same(got, want, np.float64)
+    assert_same_results(got, want, np.float64)
 
 
 @settings(max_examples=40, deadline=None)
@@ -152,7 +149,7 @@ def test_kernel_handles_arbitrary_ranges_not_only_segments(data):
     permission = range_mask(starts, valid)
     want = _reference(q, k, v, d_out, starts, valid, permission)
     got = _cpu(q, k, v, d_out, starts, valid, permission, tiles=tiles)
-    _assert_same(got, want, np.float64)
+    assert_same_results(got, want, np.float64)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)

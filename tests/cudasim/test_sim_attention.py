@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _attention_cases import LAYOUTS, packed, random_inputs, uniform_expectation
+from _attention_cases import (
+    LAYOUTS,
+    assert_same_results,
+    packed,
+    random_inputs,
+    uniform_expectation,
+)
 from numba import cuda
 
 from streampack import InvalidArray
@@ -56,14 +62,8 @@ def test_cuda_matches_cpu_kernel_and_reference(layout, dtype):
     cpu = (out, lse, range_attention_backward(q, k, v, out, lse, d_out, starts, valid))
     ref_out, ref_lse = attention_forward(q, k, v, permission)
     ref = (ref_out, ref_lse, attention_backward(q, k, v, permission, d_out))
-    tol = 2e-5 if dtype == np.float32 else 1e-12
     for want in (cpu, ref):
-        np.testing.assert_allclose(got[0], want[0], rtol=tol, atol=tol)
-        np.testing.assert_array_equal(np.isneginf(got[1]), np.isneginf(want[1]))
-        np.testing.assert_allclose(got[1], want[1], rtol=tol, atol=tol)
-        for g, w in zip(got[2], want[2]):
-            assert g.dtype == dtype
-            np.testing.assert_allclose(g, w, rtol=5 * tol, atol=5 * tol)
+        assert_same_results(got, want, dtype)
 
 
 def test_default_tiles_and_arbitrary_ranges():
