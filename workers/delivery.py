@@ -241,11 +241,12 @@ class Delivery:
             self._cancel(identity, consumer, lambda k: k[0] >= epoch)
         else:
             total = self.total(epoch) or 0
-            per_rank, _ = consumer.share(epoch, total, self.tail)
+            per_rank, limit = consumer.share(epoch, total, self.tail)
             sent = self.send(identity, "epoch_end",
                              {"epoch": epoch, "per_rank": per_rank, "total": total}, None)
             consumer.after = (epoch + 1, consumer.rank)
-            self._cancel(identity, consumer, lambda k: k[0] == epoch)
+            # Keys past the limit need no other answer; those before it still get theirs.
+            self._cancel(identity, consumer, lambda k: k[0] == epoch and k[1] >= limit)
         if not sent:
             self._forget_consumer(identity)
 
