@@ -380,3 +380,18 @@ def test_counters_refuse_what_a_peer_reports_out_of_range():
     (5, 8, "drop", 0), (5, 8, "fill", 1)])
 def test_rank_share_is_the_tail_rule(total, world, tail, share):
     assert rank_share(total, world, tail) == share
+
+
+def test_the_receive_limit_admits_the_plans_of_every_window_handed_out():
+    """A split long document can give a window more ranges than window_documents: the
+    limit follows the largest plan handed out, within max_message_bytes."""
+    from streampack.service.coordinator import receive_limit
+
+    harness = Harness()
+    small = receive_limit(harness.settings)
+    assert small == 65536 + 40 * 72
+    assert receive_limit(harness.settings, plan_bytes=10**6) == 65536 + 10**6
+    assert receive_limit(harness.settings, plan_bytes=10**12) == harness.settings.max_message_bytes
+    window = held_window(harness, b"w")
+    assert harness.coordinator.limits.max_message_bytes >= 65536 + sum(
+        frame.nbytes for frame in harness.honest_plan(window).values())

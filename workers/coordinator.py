@@ -58,12 +58,14 @@ MAX_STATED_CREDIT = 1 << 31
 MAX_PACK_SECONDS = 1e6
 
 
-def receive_limit(settings: ProducerSettings) -> int:
+def receive_limit(settings: ProducerSettings, plan_bytes: int = 0) -> int:
     """The largest message a producer can legitimately receive: a window's plans (one
-    occurrence record and at most one batch size per document) plus a header."""
+    occurrence record and at most one batch size per document; ``plan_bytes`` for the
+    largest window handed out, which a split long document can make larger) plus a
+    header, never more than ``max_message_bytes``."""
     per_document = OCCURRENCE_DTYPE.itemsize + 8
-    return min(settings.max_message_bytes,
-               wire.DEFAULT_LIMITS.max_header_bytes + settings.window_documents * per_document)
+    plans = max(settings.window_documents * per_document, plan_bytes)
+    return min(settings.max_message_bytes, wire.DEFAULT_LIMITS.max_header_bytes + plans)
 
 
 def pack_config(settings: ProducerSettings) -> PackConfig:
@@ -311,6 +313,7 @@ class Coordinator:
                     if state.batches is not None:  # empty, or quarantined whole
                         self._assemble()
                         continue
+                    self._fit_limits(state.plan.occurrences.nbytes + 8 * state.plan.batches)
                 key = (state.window.epoch, state.window.index)
                 if not self._send_window(identity, state.window, worker.needs_tokens):
                     self.registry.forget(identity)
@@ -330,6 +333,12 @@ class Coordinator:
             self.delivery.make_room(budget - self.pipeline.received_bytes)
             return self.pipeline.may_cut(self.delivery.ready_bytes, budget)
         return False
+
+    def _fit_limits(self, plan_bytes: int) -> None:
+        """Receive limits that admit the plans of every window handed out (they only grow)."""
+        limit = receive_limit(self.settings, plan_bytes)
+        if limit > self.limits.max_message_bytes:
+            self.limits = wire.WireLimits(max_frame_bytes=limit, max_message_bytes=limit)
 
     def _send_window(self, identity: bytes, window: Any, with_tokens: bool) -> bool:
         arrays = window.arrays()

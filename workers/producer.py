@@ -62,7 +62,7 @@ import time
 from typing import IO, Any
 
 import zmq
-from streampack.service.coordinator import Coordinator, receive_limit
+from streampack.service.coordinator import Coordinator
 
 from streampack import wire
 from streampack.corpus import open_corpus
@@ -162,7 +162,9 @@ class Producer:
             metrics_server = MetricsServer(metrics.registry, self.settings.metrics_port,
                                            self.settings.metrics_address)
         context = zmq.Context()
-        worker_limit = receive_limit(self.settings)
+        # Frames up to max_message_bytes reach the coordinator, which refuses any message
+        # larger than the plans of a window it handed out (see receive_limit).
+        worker_limit = self.settings.max_message_bytes
         # Consumers send fetch and health requests only: a header, nothing more.
         consumer_limit = wire.DEFAULT_LIMITS.max_header_bytes
         try:
