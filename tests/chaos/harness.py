@@ -218,7 +218,7 @@ class Run:
         self.expected = oracle(plan.settings, plan.world_size)
         self.total = sum(len(stream) for stream in self.expected)
         self.producer: subprocess.Popen | None = None
-        self.producers_started = 0
+        self.producers: list[subprocess.Popen] = []  # every one started, for cleanup
         self.workers: list[subprocess.Popen] = []
         self.stopped: dict[int, subprocess.Popen] = {}  # SIGSTOPped processes by pid
         self.segments: dict[int, list[Segment]] = {r: [] for r in range(plan.world_size)}
@@ -238,12 +238,12 @@ class Run:
         return open(self.dir / name, "a")
 
     def start_producer(self) -> None:
-        self.producers_started += 1
         with self._output("producer.err") as err, self._output("producer.out") as out:
             self.producer = start(
                 "produce", *flags(self.plan.settings),
                 "--worker-endpoint", self.worker_endpoint,
                 "--consumer-endpoint", self.consumer_endpoint, stdout=out, stderr=err)
+        self.producers.append(self.producer)
         self._note(f"producer {self.producer.pid} started")
 
     def start_worker(self) -> None:
@@ -553,13 +553,14 @@ class Run:
         for proc in processes:
             if proc.poll() is None:
                 proc.kill()
-        if self.producer is not None and self.producer.poll() is None:
-            self.producer.terminate()
-            try:
-                self.producer.wait(10)
-            except subprocess.TimeoutExpired:
-                self.producer.kill()
-        for proc in processes + ([self.producer] if self.producer else []):
+        for producer in self.producers:
+            if producer.poll() is None:
+                producer.terminate()
+                try:
+                    producer.wait(10)
+                except subprocess.TimeoutExpired:
+                    producer.kill()
+        for proc in processes + self.producers:
             proc.wait()
         for peer in self.peers:
             peer.join(5)
