@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import msgpack
 import numpy as np
 import pytest
 from _harness import Harness
@@ -255,11 +254,10 @@ def test_out_of_range_numbers_never_touch_a_counter(field, value):
     harness = Harness()
     window = held_window(harness, b"w")
     fields = harness.packed_fields(window, **{field: value})
-    header = msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "packed", **fields,
-                            "f": []}, use_bin_type=True)
-    for identity in (b"stranger", b"w"):
-        harness.coordinator.on_worker(identity, [header], harness.now)
-        assert harness.take(identity, "error")
+    for identity in (b"stranger", b"w"):  # a well-formed message but for that number
+        harness.from_worker(identity, "packed", fields, harness.honest_plan(window))
+        (error,) = harness.take(identity, "error")
+        assert f"{field} = " in error.fields["message"]
     assert harness.counters["rejected_worker"] == 2
     assert harness.counters["audited"] == harness.counters["audit_failures"] == 0
     assert harness.counters["pack_seconds"] == 0.0

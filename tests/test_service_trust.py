@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-import msgpack
+import numpy as np
 import pytest
 import zmq
 from _service import FIXTURE, Service, consume, expected, result
@@ -135,10 +135,10 @@ def test_out_of_range_counters_from_a_peer_cannot_crash_the_producer():
         peer = Peer(service.worker_endpoint)
         fields = {"epoch": 0, "window": 0, "capacity": 256, "seconds": 0.0,
                   "audited": 2**64 - 1, "audit_failures": 0, "audit_error": ""}
-        header = msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "packed", **fields,
-                                     "f": []})
+        plans = {"occurrences": np.zeros(0, wire.frame_dtype("occurrence")),
+                 "batch_sizes": np.zeros(0, np.int64)}
         for _ in range(2):
-            peer.socket.send_multipart([header])
+            peer.send("packed", fields, plans)
             reply = peer.receive()
             assert reply is not None and reply.kind == "error"
         peer.close()
