@@ -393,3 +393,15 @@ def test_the_receive_limit_admits_the_plans_of_every_window_handed_out():
     window = held_window(harness, b"w")
     assert harness.coordinator.limits.max_message_bytes >= 65536 + sum(
         frame.nbytes for frame in harness.honest_plan(window).values())
+
+
+@pytest.mark.parametrize("budget", [4_000, 16_384])
+def test_a_rank_alone_past_a_drop_tail_is_answered_with_the_reorder_buffer_full(budget):
+    """Chaos finding F4: a fetch past the drop tail waits for the epoch's total, which
+    only more cutting brings. With the buffer at its budget (other ranks' batches that
+    nobody asks for yet) the budget must make room for that cutting, not wedge it."""
+    harness = Harness(tail="drop", reorder_budget_bytes=budget, **SHUFFLED)
+    harness.join(b"w1")
+    for rank in (0, 2, 1):
+        got = harness.drain(b"c%d" % rank, rank, 3, prefetch=1)
+        assert got == expected(FIXTURE, rank, 3, tail="drop", **SHUFFLED)["list"]

@@ -32,7 +32,8 @@ Bounds and why nothing wedges:
 - A rewind frees every ready batch at or past the rewind point: the replay numbers
   the very same batches again, so holding them would only keep the budget full.
 - The reorder budget never blocks a batch someone waits for. When cutting is stopped
-  by the budget while a pending key lies ahead of the assembly point, ``make_room``
+  by the budget while a pending key lies ahead of the assembly point (or is ready but
+  waits, under ``tail = "drop"``, for later batches to show it is in the share), ``make_room``
   first drops ready batches no consumer can still ask for (*passed*: for every world
   size in use, the consumers of the rank that owns the key have all moved past it),
   then evicts the ready batch with the highest key until there is room. An evicted
@@ -329,11 +330,12 @@ class Delivery:
             self._serve(key, sorted(self.pending[key]))
 
     def on_total(self, epoch: int) -> None:
-        """Epoch ``epoch``'s total is known: answer the fetches past it."""
-        total = self.total(epoch)
-        if total is None:
+        """Epoch ``epoch``'s total is known: answer the fetches it decides — past the
+        total (a filler or the end) and, with ``tail = "drop"``, past a rank's share
+        though below the total (the end: those batches may be ready and never served)."""
+        if self.total(epoch) is None:
             return
-        for key in sorted(k for k in self.pending if k[0] == epoch and k[1] >= total):
+        for key in sorted(k for k in self.pending if k[0] == epoch):
             for identity in sorted(self.pending.get(key, ())):
                 consumer = self.consumers.get(identity)
                 if consumer is None or key not in consumer.pending:
@@ -354,8 +356,12 @@ class Delivery:
             self.ready_bytes -= self.ready.pop(k).batch.nbytes
 
     def waits_ahead(self, assembly_point: Key) -> bool:
-        """Whether some consumer waits for a batch not numbered yet."""
-        return any(key >= assembly_point for key in self.pending)
+        """Whether some consumer waits for what only more cutting brings: a batch not
+        numbered yet, or (``tail = "drop"``) the later batches or the epoch's total that
+        decide whether a ready batch is part of its share."""
+        return any(key >= assembly_point
+                   or (key in self.ready and self.total(key[0]) is None)
+                   for key in self.pending)
 
     def _passed(self) -> Callable[[Key], bool]:
         """A test for keys no consumer can still ask for (see module docstring)."""
