@@ -18,9 +18,10 @@ $(BIN)/streampack: pyproject.toml
 demo: $(BIN)/streampack
 	$(BIN)/streampack demo
 
-# ruff, then mypy (configured in pyproject.toml: streampack/ and workers/).
+# ruff (lint and format), then mypy (configured in pyproject.toml: streampack/ and workers/).
 lint: $(BIN)/streampack
-	$(BIN)/ruff check streampack workers tests benchmarks
+	$(BIN)/ruff check streampack workers tests benchmarks deploy
+	$(BIN)/ruff format --check streampack workers tests benchmarks deploy
 	$(BIN)/mypy
 
 test: lint

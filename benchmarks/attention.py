@@ -49,7 +49,7 @@ def timed(fn: Any, repeats: int) -> tuple[float, Any]:
     The best, not the median: on a shared machine the other processes only ever add
     time, and every contender here is measured the same way.
     """
-    (best, result), = interleaved({"fn": fn}, repeats).values()
+    ((best, result),) = interleaved({"fn": fn}, repeats).values()
     return best, result
 
 
@@ -137,7 +137,10 @@ def main() -> None:
         def ref_backward() -> list:
             return [
                 attention_backward(
-                    q[r : r + 1], k[r : r + 1], v[r : r + 1], permission[r : r + 1],
+                    q[r : r + 1],
+                    k[r : r + 1],
+                    v[r : r + 1],
+                    permission[r : r + 1],
                     d_out[r : r + 1],
                 )
                 for r in range(ROWS)
@@ -170,9 +173,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     kernel = report["kernel"]
     out: dict[str, Any] = {
         "forward_percent_of_matmul_rate": round(100 * kernel["forward_fraction_of_matmul_rate"]),
-        "backward_percent_of_matmul_rate": round(
-            100 * kernel["backward_fraction_of_matmul_rate"]
-        ),
+        "backward_percent_of_matmul_rate": round(100 * kernel["backward_fraction_of_matmul_rate"]),
     }
     torch_fig = report.get("torch_sdpa_dense_mask")
     if isinstance(torch_fig, dict):

@@ -28,8 +28,12 @@ from streampack.corpus import open_corpus
 from streampack.windows import CutSpec, iter_windows
 
 VOCAB = 32000
-BINDING = {"vocab_size": VOCAB, "tokenizer": "bench", "split_receipt": "bench",
-           "partition": "train"}
+BINDING = {
+    "vocab_size": VOCAB,
+    "tokenizer": "bench",
+    "split_receipt": "bench",
+    "partition": "train",
+}
 
 
 def write_all(root: Path, docs: list[np.ndarray]) -> dict[str, Path]:
@@ -43,8 +47,9 @@ def write_all(root: Path, docs: list[np.ndarray]) -> dict[str, Path]:
 
     def manifest(name: str, **entry: object) -> Path:
         path = root / f"{name}.json"
-        path.write_text(json.dumps({"format": "streampack-corpus", "version": 1,
-                                    "binding": BINDING, **entry}))
+        path.write_text(
+            json.dumps({"format": "streampack-corpus", "version": 1, "binding": BINDING, **entry})
+        )
         return path
 
     np.save(root / "s.tokens.npy", flat.astype(np.uint16))
@@ -58,23 +63,33 @@ def write_all(root: Path, docs: list[np.ndarray]) -> dict[str, Path]:
     table = pa.table({"input_ids": lists})
     pq.write_table(table, root / "d.parquet", row_group_size=8192)
     paths["parquet"] = manifest("parquet", parquet=["d.parquet"])
-    with pa.OSFile(str(root / "d.arrow"), "wb") as sink, \
-            pa.ipc.new_file(sink, table.schema) as writer:
+    with (
+        pa.OSFile(str(root / "d.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
         writer.write_table(table, max_chunksize=1000)  # as datasets writes: 1000 rows
     paths["arrow"] = manifest("arrow", arrow=["d.arrow"])
     (root / "m.bin").write_bytes(flat.astype(np.uint16).tobytes())
     count = len(docs)
-    (root / "m.idx").write_bytes(b"".join([
-        b"MMIDIDX\x00\x00", struct.pack("<QBQQ", 1, 8, count, count + 1),
-        lengths.astype(np.int32).tobytes(), (offsets[:-1] * 2).astype(np.int64).tobytes(),
-        np.arange(count + 1, dtype=np.int64).tobytes()]))
+    (root / "m.idx").write_bytes(
+        b"".join(
+            [
+                b"MMIDIDX\x00\x00",
+                struct.pack("<QBQQ", 1, 8, count, count + 1),
+                lengths.astype(np.int32).tobytes(),
+                (offsets[:-1] * 2).astype(np.int64).tobytes(),
+                np.arange(count + 1, dtype=np.int64).tobytes(),
+            ]
+        )
+    )
     paths["megatron"] = manifest("megatron", megatron=["m"])
     return paths
 
 
 def read(path: Path, shuffle: bool) -> tuple[float, int]:
-    spec = CutSpec(capacity=2048, window_documents=1024, window_tokens=1 << 18,
-                   shuffle=shuffle, seed=1)
+    spec = CutSpec(
+        capacity=2048, window_documents=1024, window_tokens=1 << 18, shuffle=shuffle, seed=1
+    )
     start = time.perf_counter()
     tokens = 0
     for window in iter_windows(open_corpus(path), 0, spec):
@@ -108,15 +123,28 @@ def main() -> None:
         order = "shuffled" if shuffle else "in_order"
         base = best[("shards", False)]
         results[order] = {
-            name: {"seconds": round(best[(name, shuffle)], 4),
-                   "m_tokens_per_s": round(total / best[(name, shuffle)] / 1e6, 2),
-                   "time_vs_shards_in_order": round(best[(name, shuffle)] / base, 2)}
-            for name in paths}
-    print(json.dumps({
-        "benchmark": "corpus_read",
-        "documents": args.documents, "tokens": total, "same_tokens_everywhere": counts == {total},
-        "repeats": args.repeats, "python": sys.version.split()[0],
-        "machine": platform.machine(), **results}, indent=1))
+            name: {
+                "seconds": round(best[(name, shuffle)], 4),
+                "m_tokens_per_s": round(total / best[(name, shuffle)] / 1e6, 2),
+                "time_vs_shards_in_order": round(best[(name, shuffle)] / base, 2),
+            }
+            for name in paths
+        }
+    print(
+        json.dumps(
+            {
+                "benchmark": "corpus_read",
+                "documents": args.documents,
+                "tokens": total,
+                "same_tokens_everywhere": counts == {total},
+                "repeats": args.repeats,
+                "python": sys.version.split()[0],
+                "machine": platform.machine(),
+                **results,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,10 @@ def main() -> None:
     except ImportError as exc:
         fail(f"numba-cuda is not installed ({exc}); pip install 'streampack[cuda]'")
     if not cuda.is_available():
-        fail("no CUDA GPU is available (numba.cuda.is_available() is False); run this on a "
-             "machine with an NVIDIA GPU and driver")
+        fail(
+            "no CUDA GPU is available (numba.cuda.is_available() is False); run this on a "
+            "machine with an NVIDIA GPU and driver"
+        )
 
     from streampack.kernels.attention import range_attention, range_attention_backward
 
@@ -189,8 +191,9 @@ def torch_figures(q, k, v, g, starts, valid, permission, out, repeats) -> Any:
         o.backward(tg)
 
     both = timed(step)
-    ours, _ = range_attention(tq, tk, tv, torch.from_numpy(starts).to(dev),
-                              torch.from_numpy(valid).to(dev), device="cuda")
+    ours, _ = range_attention(
+        tq, tk, tv, torch.from_numpy(starts).to(dev), torch.from_numpy(valid).to(dev), device="cuda"
+    )
     diff = float(np.abs(ours.copy_to_host() - out.copy_to_host()).max())
     return {
         "torch_version": torch.__version__,

@@ -68,8 +68,13 @@ def corpus(documents: int, seed: int = 0) -> sp.Examples:
     offsets = np.zeros(documents + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.int32)
-    return sp.Examples(tokens=tokens, offsets=offsets, doc=np.arange(documents),
-                       start=np.zeros(documents, np.int64), stop=lengths)
+    return sp.Examples(
+        tokens=tokens,
+        offsets=offsets,
+        doc=np.arange(documents),
+        start=np.zeros(documents, np.int64),
+        stop=lengths,
+    )
 
 
 def best_of(repeats: int, run) -> float:
@@ -109,9 +114,16 @@ def python_next_fit(examples: sp.Examples) -> callable:
             used += length
         shape = (rows, CAPACITY)
         out = {name: np.empty(shape, dtype) for name, dtype in CELL_DTYPES.items()}
-        for name, fill in (("inputs", -1), ("targets", -1), ("segments", -1), ("positions", 0),
-                           ("input_valid", False), ("target_valid", False),
-                           ("loss_mask", False), ("segment_starts", -1)):
+        for name, fill in (
+            ("inputs", -1),
+            ("targets", -1),
+            ("segments", -1),
+            ("positions", 0),
+            ("input_valid", False),
+            ("target_valid", False),
+            ("loss_mask", False),
+            ("segment_starts", -1),
+        ):
             out[name].fill(fill)
         ramp = np.arange(CAPACITY, dtype=np.int32)
         for i, ((r, c), length, s) in enumerate(zip(placements, lengths, starts)):
@@ -133,13 +145,37 @@ def _allocate_and_fill(tokens, offsets, doc, start, stop, row_first, capacity):
     """Same fill, arrays allocated by Numba's runtime instead of numpy (for comparison)."""
     rows = row_first.shape[0] - 1
     shape = (rows, capacity)
-    out = (np.empty(shape, np.int32), np.empty(shape, np.int32), np.empty(shape, np.int32),
-           np.empty(shape, np.int32), np.empty(shape, np.bool_), np.empty(shape, np.bool_),
-           np.empty(shape, np.bool_), np.empty(shape, np.int32))
+    out = (
+        np.empty(shape, np.int32),
+        np.empty(shape, np.int32),
+        np.empty(shape, np.int32),
+        np.empty(shape, np.int32),
+        np.empty(shape, np.bool_),
+        np.empty(shape, np.bool_),
+        np.empty(shape, np.bool_),
+        np.empty(shape, np.int32),
+    )
     valid_lengths = np.empty(rows, np.int32)
     order = np.arange(doc.shape[0])
-    fill_rows(tokens, offsets, doc, start, stop, order, row_first, 0, out[0], out[1], out[2],
-              out[3], out[4], out[5], out[6], out[7], valid_lengths)
+    fill_rows(
+        tokens,
+        offsets,
+        doc,
+        start,
+        stop,
+        order,
+        row_first,
+        0,
+        out[0],
+        out[1],
+        out[2],
+        out[3],
+        out[4],
+        out[5],
+        out[6],
+        out[7],
+        valid_lengths,
+    )
     return out
 
 
@@ -148,8 +184,15 @@ def fill_allocated_in_compiled_code(examples: sp.Examples) -> callable:
     row_of, column_of = np.empty_like(lengths), np.empty_like(lengths)
     rows = int(plan_next_fit(lengths, CAPACITY, row_of, column_of))
     row_first = np.searchsorted(row_of, np.arange(rows + 1))
-    return lambda: _allocate_and_fill(examples.tokens, examples.offsets, examples.doc,
-                                      examples.start, examples.stop, row_first, CAPACITY)
+    return lambda: _allocate_and_fill(
+        examples.tokens,
+        examples.offsets,
+        examples.doc,
+        examples.start,
+        examples.stop,
+        row_first,
+        CAPACITY,
+    )
 
 
 def fill_allocated_by_numpy(examples: sp.Examples) -> callable:
@@ -161,8 +204,18 @@ def fill_allocated_by_numpy(examples: sp.Examples) -> callable:
 
     def run():
         out = {name: np.empty((rows, CAPACITY), d) for name, d in CELL_DTYPES.items()}
-        fill_rows(examples.tokens, examples.offsets, examples.doc, examples.start,
-                  examples.stop, order, row_first, 0, *out.values(), np.empty(rows, np.int32))
+        fill_rows(
+            examples.tokens,
+            examples.offsets,
+            examples.doc,
+            examples.start,
+            examples.stop,
+            order,
+            row_first,
+            0,
+            *out.values(),
+            np.empty(rows, np.int32),
+        )
         return out
 
     return run
@@ -179,20 +232,36 @@ def prefaulted_fill(examples: sp.Examples) -> tuple[callable, int]:
     order = np.arange(len(lengths))
 
     def run():
-        fill_rows(examples.tokens, examples.offsets, examples.doc, examples.start, examples.stop,
-                  order, row_first, 0, *out.values(), valid_lengths)
+        fill_rows(
+            examples.tokens,
+            examples.offsets,
+            examples.doc,
+            examples.start,
+            examples.stop,
+            order,
+            row_first,
+            0,
+            *out.values(),
+            valid_lengths,
+        )
 
     return run, rows
 
 
-def policy_table(examples: sp.Examples, binding: sp.Binding, repeats: int
-                 ) -> dict[str, dict[str, float]]:
+def policy_table(
+    examples: sp.Examples, binding: sp.Binding, repeats: int
+) -> dict[str, dict[str, float]]:
     """Fill and speed of next-fit and best-fit at each of ``OPEN_ROWS``, same corpus."""
     tokens = int(examples.prediction_lengths.sum())
     table = {}
     for policy, open_rows in [("next_fit", None)] + [("best_fit", k) for k in OPEN_ROWS]:
-        config = sp.PackConfig(capacity=CAPACITY, max_rows_per_batch=ROWS_PER_BATCH,
-                               max_metadata_bytes=1 << 40, policy=policy, open_rows=open_rows)
+        config = sp.PackConfig(
+            capacity=CAPACITY,
+            max_rows_per_batch=ROWS_PER_BATCH,
+            max_metadata_bytes=1 << 40,
+            policy=policy,
+            open_rows=open_rows,
+        )
         sp.pack_examples(corpus(100), binding, config)  # compile or load the cache
         rows = sp.pack_examples(examples, binding, config).row_count
         # Alternate packing and its copy bound, so that a slow moment of a shared
@@ -200,18 +269,25 @@ def policy_table(examples: sp.Examples, binding: sp.Binding, repeats: int
         bound_run = copy_bound(rows * CAPACITY)
         pack, bound, compact = float("inf"), float("inf"), float("inf")
         for _ in range(repeats):
-            pack = min(pack, best_of(1, lambda config=config: sp.pack_examples(
-                examples, binding, config)))
+            pack = min(
+                pack, best_of(1, lambda config=config: sp.pack_examples(examples, binding, config))
+            )
             bound = min(bound, best_of(1, bound_run))
-            compact = min(compact, best_of(1, lambda config=config: sp.pack_compact(
-                examples, binding, config)))
+            compact = min(
+                compact,
+                best_of(1, lambda config=config: sp.pack_compact(examples, binding, config)),
+            )
         name = policy if open_rows is None else f"best_fit_{open_rows}"
-        table[name] = {"fill_ratio": round(tokens / (rows * CAPACITY), 4), "rows": rows,
-                       "fill_ratio_in_windows": round(
-                           tokens / (windowed_rows(examples, config) * CAPACITY), 4),
-                       "million_tokens_per_s": round(tokens / pack / 1e6, 1),
-                       "ratio_to_copy_bound": round(bound / pack, 3),
-                       "compact_million_tokens_per_s": round(tokens / compact / 1e6, 1)}
+        table[name] = {
+            "fill_ratio": round(tokens / (rows * CAPACITY), 4),
+            "rows": rows,
+            "fill_ratio_in_windows": round(
+                tokens / (windowed_rows(examples, config) * CAPACITY), 4
+            ),
+            "million_tokens_per_s": round(tokens / pack / 1e6, 1),
+            "ratio_to_copy_bound": round(bound / pack, 3),
+            "compact_million_tokens_per_s": round(tokens / compact / 1e6, 1),
+        }
     return table
 
 
@@ -230,15 +306,17 @@ def trl_bfd(examples: sp.Examples, repeats: int) -> dict[str, float] | None:
     table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))})
     dataset = datasets.Dataset(datasets.table.InMemoryTable(table))
     datasets.disable_progress_bars()
-    seconds = best_of(repeats, lambda: pack_dataset(dataset, seq_length=CAPACITY,
-                                                    strategy="bfd"))
+    seconds = best_of(repeats, lambda: pack_dataset(dataset, seq_length=CAPACITY, strategy="bfd"))
     packed = pack_dataset(dataset, seq_length=CAPACITY, strategy="bfd")
     tokens = int(lengths.sum())
     packed_tokens = int(sum(sum(row) for row in packed["seq_lengths"]))
     if packed_tokens != tokens:
         raise RuntimeError(f"TRL packed {packed_tokens} tokens of {tokens}")
-    return {"fill_ratio": round(tokens / (len(packed) * CAPACITY), 4), "rows": len(packed),
-            "million_tokens_per_s": round(tokens / seconds / 1e6, 2)}
+    return {
+        "fill_ratio": round(tokens / (len(packed) * CAPACITY), 4),
+        "rows": len(packed),
+        "million_tokens_per_s": round(tokens / seconds / 1e6, 2),
+    }
 
 
 def main() -> None:
@@ -250,8 +328,9 @@ def main() -> None:
 
     examples = corpus(args.documents)
     binding = sp.Binding(50_000, "synthetic", "bench", "train")
-    config = sp.PackConfig(capacity=CAPACITY, max_rows_per_batch=ROWS_PER_BATCH,
-                           max_metadata_bytes=1 << 40)
+    config = sp.PackConfig(
+        capacity=CAPACITY, max_rows_per_batch=ROWS_PER_BATCH, max_metadata_bytes=1 << 40
+    )
     tokens = int(examples.prediction_lengths.sum())
     sp.pack_examples(corpus(100), binding, config)  # compile or load the cache
 
@@ -260,8 +339,9 @@ def main() -> None:
     del epoch
     cells = rows * CAPACITY
 
-    seconds = {"pack_examples": best_of(args.repeats, lambda: sp.pack_examples(
-        examples, binding, config))}
+    seconds = {
+        "pack_examples": best_of(args.repeats, lambda: sp.pack_examples(examples, binding, config))
+    }
     seconds["copy_bound"] = best_of(args.repeats, copy_bound(cells))
     fill, _ = prefaulted_fill(examples)
     fill()
@@ -282,30 +362,50 @@ def main() -> None:
 
     rate = {name: tokens / s / 1e6 for name, s in seconds.items()}
     rate["reference_python"] = subset_tokens / reference_seconds / 1e6
-    print(json.dumps({
-        "documents": args.documents,
-        "real_tokens": tokens,
-        "rows": rows,
-        "batches": -(-rows // ROWS_PER_BATCH),
-        "fill_ratio": tokens / cells,
-        "output_bytes": cells * BYTES_PER_CELL,
-        "threads": int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)),
-        "million_tokens_per_s": {k: round(v, 1) for k, v in rate.items()},
-        "ratio_to_copy_bound": {
-            k: round(v / rate["copy_bound"], 3) for k, v in rate.items() if k != "copy_bound"
-        },
-        "pack_examples_vs_python_numpy": round(rate["pack_examples"]
-                                               / rate["python_numpy_next_fit"], 1),
-        "pack_examples_vs_reference": round(rate["pack_examples"] / rate["reference_python"], 1),
-        "policies": policies,
-        "trl_bfd": trl if trl is not None else "not installed: pip install 'streampack[bench]'",
-        "speed_vs_trl_bfd": None if trl is None else {
-            name: round(row["million_tokens_per_s"] / trl["million_tokens_per_s"], 1)
-            for name, row in policies.items()},
-        "compact_speed_vs_trl_bfd": None if trl is None else {
-            name: round(row["compact_million_tokens_per_s"] / trl["million_tokens_per_s"], 1)
-            for name, row in policies.items()},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "documents": args.documents,
+                "real_tokens": tokens,
+                "rows": rows,
+                "batches": -(-rows // ROWS_PER_BATCH),
+                "fill_ratio": tokens / cells,
+                "output_bytes": cells * BYTES_PER_CELL,
+                "threads": int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)),
+                "million_tokens_per_s": {k: round(v, 1) for k, v in rate.items()},
+                "ratio_to_copy_bound": {
+                    k: round(v / rate["copy_bound"], 3)
+                    for k, v in rate.items()
+                    if k != "copy_bound"
+                },
+                "pack_examples_vs_python_numpy": round(
+                    rate["pack_examples"] / rate["python_numpy_next_fit"], 1
+                ),
+                "pack_examples_vs_reference": round(
+                    rate["pack_examples"] / rate["reference_python"], 1
+                ),
+                "policies": policies,
+                "trl_bfd": trl
+                if trl is not None
+                else "not installed: pip install 'streampack[bench]'",
+                "speed_vs_trl_bfd": None
+                if trl is None
+                else {
+                    name: round(row["million_tokens_per_s"] / trl["million_tokens_per_s"], 1)
+                    for name, row in policies.items()
+                },
+                "compact_speed_vs_trl_bfd": None
+                if trl is None
+                else {
+                    name: round(
+                        row["compact_million_tokens_per_s"] / trl["million_tokens_per_s"], 1
+                    )
+                    for name, row in policies.items()
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

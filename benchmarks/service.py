@@ -57,12 +57,24 @@ def write_corpus(root: Path, documents: int, seed: int = 0) -> sp.Examples:
     tokens = rng.integers(0, VOCAB, int(offsets[-1]), dtype=np.int32)
     np.save(root / "bench.tokens.npy", tokens)
     np.save(root / "bench.offsets.npy", offsets)
-    binding = {"vocab_size": VOCAB, "tokenizer": "synthetic", "split_receipt": "bench",
-               "partition": "train"}
-    (root / "manifest.json").write_text(json.dumps({
-        "format": "streampack-corpus", "version": 1, "binding": binding, "shards": ["bench"]}))
-    return sp.Examples(tokens=tokens, offsets=offsets, doc=np.arange(documents),
-                       start=np.zeros(documents, np.int64), stop=lengths)
+    binding = {
+        "vocab_size": VOCAB,
+        "tokenizer": "synthetic",
+        "split_receipt": "bench",
+        "partition": "train",
+    }
+    (root / "manifest.json").write_text(
+        json.dumps(
+            {"format": "streampack-corpus", "version": 1, "binding": binding, "shards": ["bench"]}
+        )
+    )
+    return sp.Examples(
+        tokens=tokens,
+        offsets=offsets,
+        doc=np.arange(documents),
+        start=np.zeros(documents, np.int64),
+        stop=lengths,
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -85,8 +97,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_service(corpus: Path, workers: int, consumers: int, window_tokens: int,
-                transport: str = "tcp") -> dict:
+def run_service(
+    corpus: Path, workers: int, consumers: int, window_tokens: int, transport: str = "tcp"
+) -> dict:
     if transport == "ipc":
         worker_endpoint = f"ipc://{corpus}/workers.sock"
         consumer_endpoint = f"ipc://{corpus}/consumers.sock"
@@ -95,12 +108,33 @@ def run_service(corpus: Path, workers: int, consumers: int, window_tokens: int,
         consumer_endpoint = f"tcp://127.0.0.1:{free_port()}"
     cli = [sys.executable, "-m", "streampack.cli"]
     serve = subprocess.Popen(
-        [*cli, "serve", "--corpus", str(corpus), "--workers", str(workers),
-         "--capacity", str(CAPACITY), "--max-rows-per-batch", str(ROWS_PER_BATCH),
-         "--window-documents", "65536", "--window-tokens", str(window_tokens),
-         "--max-metadata-bytes", str(1 << 32),
-         "--worker-endpoint", worker_endpoint, "--consumer-endpoint", consumer_endpoint],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        [
+            *cli,
+            "serve",
+            "--corpus",
+            str(corpus),
+            "--workers",
+            str(workers),
+            "--capacity",
+            str(CAPACITY),
+            "--max-rows-per-batch",
+            str(ROWS_PER_BATCH),
+            "--window-documents",
+            "65536",
+            "--window-tokens",
+            str(window_tokens),
+            "--max-metadata-bytes",
+            str(1 << 32),
+            "--worker-endpoint",
+            worker_endpoint,
+            "--consumer-endpoint",
+            consumer_endpoint,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -112,10 +146,28 @@ def run_service(corpus: Path, workers: int, consumers: int, window_tokens: int,
         worker_pids = children(serve.pid)
         producer_cpu0 = cpu_seconds(serve.pid)
         worker_cpu0 = sum(cpu_seconds(pid) for pid in worker_pids)
-        procs = [subprocess.Popen(
-            [*cli, "consume", "--connect", consumer_endpoint, "--rank", str(rank),
-             "--world-size", str(consumers), "--quiet", "--prefetch", "8", "--no-digest"],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True) for rank in range(consumers)]
+        procs = [
+            subprocess.Popen(
+                [
+                    *cli,
+                    "consume",
+                    "--connect",
+                    consumer_endpoint,
+                    "--rank",
+                    str(rank),
+                    "--world-size",
+                    str(consumers),
+                    "--quiet",
+                    "--prefetch",
+                    "8",
+                    "--no-digest",
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for rank in range(consumers)
+        ]
         outputs, consumer_cpu = [], 0.0
         for proc in procs:
             _, _, usage = os.wait4(proc.pid, 0)
@@ -153,16 +205,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=100_000)
     parser.add_argument("--window-tokens", type=int, default=1 << 18)
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="tries of each configuration, each paired with its own "
-                             "in-process measurement (default: 3)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="tries of each configuration, each paired with its own "
+        "in-process measurement (default: 3)",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="streampack-bench-") as scratch:
         examples = write_corpus(Path(scratch), args.documents)
         binding = sp.Binding(VOCAB, "synthetic", "bench", "train")
-        config = sp.PackConfig(capacity=CAPACITY, max_rows_per_batch=ROWS_PER_BATCH,
-                               max_metadata_bytes=1 << 40)
+        config = sp.PackConfig(
+            capacity=CAPACITY, max_rows_per_batch=ROWS_PER_BATCH, max_metadata_bytes=1 << 40
+        )
         real_tokens = int(examples.prediction_lengths.sum())
         sp.pack_examples(examples, binding, config)  # compile or load the cache
 
@@ -184,11 +241,11 @@ def main() -> None:
             for _ in range(args.repeats):
                 baseline = in_process_seconds()
                 in_process_best = min(in_process_best, baseline)
-                run = run_service(Path(scratch), workers, consumers, args.window_tokens,
-                                  transport)
+                run = run_service(Path(scratch), workers, consumers, args.window_tokens, transport)
                 run["in_process_million_tokens_per_s"] = round(real_tokens / baseline / 1e6, 2)
                 run["ratio_to_in_process"] = round(
-                    run["million_tokens_per_s"] / run["in_process_million_tokens_per_s"], 3)
+                    run["million_tokens_per_s"] / run["in_process_million_tokens_per_s"], 3
+                )
                 tries.append(run)
             best_run = max(tries, key=lambda run: run["ratio_to_in_process"])
             ratios = [run["ratio_to_in_process"] for run in tries]
@@ -197,17 +254,22 @@ def main() -> None:
             best_run["seconds_of_each_try"] = [run["seconds"] for run in tries]
             runs.append(best_run)
         in_process = real_tokens / in_process_best / 1e6
-    print(json.dumps({
-        "documents": args.documents,
-        "real_tokens": real_tokens,
-        "capacity": CAPACITY,
-        "rows_per_batch": ROWS_PER_BATCH,
-        "window_tokens": args.window_tokens,
-        "cores": os.cpu_count(),
-        "in_process_pack_examples_million_tokens_per_s": round(in_process, 2),
-        "service": runs,
-        "target": "2 workers >= 0.5 x in-process single-core rate",
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "documents": args.documents,
+                "real_tokens": real_tokens,
+                "capacity": CAPACITY,
+                "rows_per_batch": ROWS_PER_BATCH,
+                "window_tokens": args.window_tokens,
+                "cores": os.cpu_count(),
+                "in_process_pack_examples_million_tokens_per_s": round(in_process, 2),
+                "service": runs,
+                "target": "2 workers >= 0.5 x in-process single-core rate",
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,14 @@ import numpy as np
 
 VOCAB_SIZE = 512
 SETTINGS = [
-    "--capacity", "64", "--max-rows-per-batch", "4", "--window-documents", "16",
-    "--epochs", "1",
+    "--capacity",
+    "64",
+    "--max-rows-per-batch",
+    "4",
+    "--window-documents",
+    "16",
+    "--epochs",
+    "1",
 ]
 
 
@@ -56,7 +62,10 @@ def _streampack(*args: str, timeout: float = 600) -> dict:
     """Run one streampack command; its last stdout line, parsed as JSON."""
     result = subprocess.run(
         [sys.executable, "-m", "streampack.cli", *args],
-        check=True, capture_output=True, text=True, timeout=timeout,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -71,15 +80,35 @@ def main() -> int:
         consumers = f"ipc://{tmp}/consumers"
         serve = subprocess.Popen(
             [
-                sys.executable, "-m", "streampack.cli", "serve", "--corpus", str(corpus),
-                "--workers", "1", "--audit-every", "1", *SETTINGS,
-                "--worker-endpoint", f"ipc://{tmp}/workers", "--consumer-endpoint", consumers,
+                sys.executable,
+                "-m",
+                "streampack.cli",
+                "serve",
+                "--corpus",
+                str(corpus),
+                "--workers",
+                "1",
+                "--audit-every",
+                "1",
+                *SETTINGS,
+                "--worker-endpoint",
+                f"ipc://{tmp}/workers",
+                "--consumer-endpoint",
+                consumers,
             ],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             served = _streampack(
-                "consume", "--connect", consumers, "--rank", "0", "--world-size", "1",
+                "consume",
+                "--connect",
+                consumers,
+                "--rank",
+                "0",
+                "--world-size",
+                "1",
                 "--quiet",
             )
             status = _streampack("health", "--endpoint", consumers, "--timeout", "30")
@@ -102,15 +131,21 @@ def main() -> int:
         raise SystemExit(f"warm-up: audits did not all pass: {stats}")
     subprocess.run(
         [sys.executable, "-m", "streampack.cli", "trace"],
-        check=True, stdout=subprocess.DEVNULL, timeout=600,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=600,
     )
-    print(json.dumps({
-        "warmup": "ok",
-        "batches": served["batches"],
-        "audited": stats["audited"],
-        "digest": served["digest"],
-        "seconds": round(time.perf_counter() - started, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "warmup": "ok",
+                "batches": served["batches"],
+                "audited": stats["audited"],
+                "digest": served["digest"],
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        )
+    )
     return 0
 
 

@@ -87,8 +87,9 @@ def expanded_nbytes(rows: int, capacity: int) -> int:
     return rows * (capacity * BYTES_PER_CELL + BYTES_PER_ROW)
 
 
-def expanded_arrays(rows: int, capacity: int, block: np.ndarray | None = None
-                    ) -> dict[str, np.ndarray]:
+def expanded_arrays(
+    rows: int, capacity: int, block: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Every array field of a batch of this shape, uninitialised, in ``ARRAY_DTYPES``
     order, as views of one uint8 ``block`` of at least ``expanded_nbytes`` (a fresh one
     when None). One block per batch is one allocation, and lets a consumer reuse it."""
@@ -166,9 +167,13 @@ class PackedBatch:
         out = np.full((self.rows, self.capacity), -1, np.int32)
         occ = self.occurrences
         lengths = (occ["stop"] - occ["start"]).astype(np.int64)
-        cells = (np.repeat(occ["row"].astype(np.int64) * self.capacity + occ["start"]
-                           - np.cumsum(lengths) + lengths, lengths)
-                 + np.arange(int(lengths.sum())))
+        cells = np.repeat(
+            occ["row"].astype(np.int64) * self.capacity
+            + occ["start"]
+            - np.cumsum(lengths)
+            + lengths,
+            lengths,
+        ) + np.arange(int(lengths.sum()))
         out.reshape(-1)[cells] = np.repeat(self.sources, lengths)
         return out
 
@@ -181,8 +186,9 @@ class PackedBatch:
         return int(self.inputs.shape[1])
 
     @classmethod
-    def filler_like(cls, binding: Binding, rows: int, capacity: int,
-                    policy: str = "next_fit") -> PackedBatch:
+    def filler_like(
+        cls, binding: Binding, rows: int, capacity: int, policy: str = "next_fit"
+    ) -> PackedBatch:
         """An all-padding batch (no occurrences, no targets), flagged ``filler``; it
         reports the ``policy`` of the stream it pads."""
         shape = (rows, capacity)
@@ -257,8 +263,9 @@ class PackedBatch:
             )
         max_seqlen = int(lengths.max()) if lengths.size else 0
         max_seqlen_padded = int(np.diff(padded).max()) if lengths.size else 0
-        return CuSeqlens(cu.astype(np.int32), padded.astype(np.int32), max_seqlen,
-                         max_seqlen_padded)
+        return CuSeqlens(
+            cu.astype(np.int32), padded.astype(np.int32), max_seqlen, max_seqlen_padded
+        )
 
     def stats(self) -> dict[str, Any]:
         """Storage and attention counts. Per head: dense scores ``rows * capacity**2``,
@@ -304,8 +311,13 @@ class PackedBatch:
         return h.hexdigest()
 
     def to_hf(
-        self, layout: str = "rows", *, pad_id: int, mask: str | None = None,
-        mask_dtype: Any = None, device: Any = None,
+        self,
+        layout: str = "rows",
+        *,
+        pad_id: int,
+        mask: str | None = None,
+        mask_dtype: Any = None,
+        device: Any = None,
     ) -> dict[str, Any]:
         """Keyword arguments for a transformers causal LM: ``model(**batch.to_hf(...))``.
 
@@ -403,10 +415,18 @@ class CompactBatch:
             object.__setattr__(self, "sources", np.zeros(len(self.occurrences), np.int32))
 
     @classmethod
-    def filler_like(cls, binding: Binding, rows: int, capacity: int,
-                    policy: str = "next_fit") -> CompactBatch:
-        return cls(tokens=np.zeros(0, np.int32), occurrences=np.zeros(0, OCCURRENCE_DTYPE),
-                   rows=rows, capacity=capacity, binding=binding, filler=True, policy=policy)
+    def filler_like(
+        cls, binding: Binding, rows: int, capacity: int, policy: str = "next_fit"
+    ) -> CompactBatch:
+        return cls(
+            tokens=np.zeros(0, np.int32),
+            occurrences=np.zeros(0, OCCURRENCE_DTYPE),
+            rows=rows,
+            capacity=capacity,
+            binding=binding,
+            filler=True,
+            policy=policy,
+        )
 
     def checked(self, *, max_cells: int) -> CompactBatch:
         """Raise ``InvalidArray`` unless this is a batch ``pack_compact`` could have made."""
@@ -418,17 +438,20 @@ class CompactBatch:
         if not (isinstance(self.rows, int) and isinstance(self.capacity, int)):
             fail(f"rows={self.rows!r} and capacity={self.capacity!r} must be integers")
         if not 1 <= self.capacity or self.rows < 1 or self.rows * self.capacity > max_cells:
-            fail(f"rows={self.rows} x capacity={self.capacity}; accepted: rows >= 1, "
-                 f"capacity >= 1, rows x capacity <= {max_cells}")
+            fail(
+                f"rows={self.rows} x capacity={self.capacity}; accepted: rows >= 1, "
+                f"capacity >= 1, rows x capacity <= {max_cells}"
+            )
         if occ.dtype != OCCURRENCE_DTYPE or occ.ndim != 1:
             fail(f"occurrences dtype {occ.dtype} shape {occ.shape}; expected 1-D records")
         if tokens.dtype not in (np.int32, np.uint16) or tokens.ndim != 1:
-            fail(f"tokens dtype {tokens.dtype} shape {tokens.shape}; expected 1-D int32 "
-                 f"or uint16")
+            fail(f"tokens dtype {tokens.dtype} shape {tokens.shape}; expected 1-D int32 or uint16")
         sources = self.sources
         if sources.dtype != np.int32 or sources.shape != occ.shape:
-            fail(f"sources dtype {sources.dtype} shape {sources.shape}; expected int32, one "
-                 f"per occurrence ({occ.shape[0]})")
+            fail(
+                f"sources dtype {sources.dtype} shape {sources.shape}; expected int32, one "
+                f"per occurrence ({occ.shape[0]})"
+            )
         if sources.size and int(sources.min()) < 0:
             fail(f"source index {int(sources.min())}; accepted: >= 0")
         if self.policy not in POLICIES:
@@ -439,21 +462,21 @@ class CompactBatch:
             return self
         from .kernels import pack_cpu as k
 
-        code, at = k.check_compact(occ, tokens, self.rows, self.capacity,
-                                   self.binding.vocab_size)
+        code, at = k.check_compact(occ, tokens, self.rows, self.capacity, self.binding.vocab_size)
         if code == k.COMPACT_OK:
             return self
         if code == k.COMPACT_TOKEN_COUNT:
-            fail(f"token count must match the ranges: {tokens.size} tokens, the ranges "
-                 f"select {at}")
+            fail(f"token count must match the ranges: {tokens.size} tokens, the ranges select {at}")
         if code == k.COMPACT_VOCABULARY:
-            fail(f"tokens outside the vocabulary: tokens[{at}] = {tokens[at]}, accepted "
-                 f"0..{self.binding.vocab_size - 1}")
+            fail(
+                f"tokens outside the vocabulary: tokens[{at}] = {tokens[at]}, accepted "
+                f"0..{self.binding.vocab_size - 1}"
+            )
         rules = {
             k.COMPACT_ROWS: f"rows must run 0, 1, ... {self.rows - 1} with no gap",
             k.COMPACT_START: "each occurrence must start where the last ended (0 on a new row)",
             k.COMPACT_COLUMNS: f"occurrence columns out of range: need start < stop <= "
-                               f"{self.capacity}",
+            f"{self.capacity}",
             k.COMPACT_ORDINAL: "ordinals must increase along each row and fit int32",
             k.COMPACT_SEGMENT: "segment must equal the ordinal",
             k.COMPACT_RANGE: "range length must be pairs + 1",
@@ -461,8 +484,10 @@ class CompactBatch:
         rule = rules.get(code)
         if rule is None:  # the kernel and this table disagree: a streampack bug
             raise InternalError(f"check_compact returned code {code}, which has no message")
-        record = {name: int(occ[name][at]) for name in
-                  ("row", "start", "stop", "ordinal", "segment", "range_start", "range_stop")}
+        record = {
+            name: int(occ[name][at])
+            for name in ("row", "start", "stop", "ordinal", "segment", "range_start", "range_stop")
+        }
         fail(f"{rule}; occurrence {at} has {record}")
 
     def expand(self, block: np.ndarray | None = None) -> PackedBatch:
@@ -477,7 +502,9 @@ class CompactBatch:
         return PackedBatch(
             # (mypy matches a ** dict against every parameter, the bool and Binding ones too)
             **arrays,  # type: ignore[arg-type]
-            occurrences=self.occurrences, binding=self.binding, sources=self.sources,
+            occurrences=self.occurrences,
+            binding=self.binding,
+            sources=self.sources,
             policy=self.policy,
         )
 

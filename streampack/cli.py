@@ -17,22 +17,43 @@ from .logs import add_logging_flags, setup_logging
 # (name, module, one-line help). Add a subcommand by adding a row.
 COMMANDS: list[tuple[str, str, str]] = [
     ("trace", "streampack.trace", "print the JSON trace of the worked example"),
-    ("produce", "streampack.service.producer",
-     "run the producer: cut windows, order batches, serve ranks"),
+    (
+        "produce",
+        "streampack.service.producer",
+        "run the producer: cut windows, order batches, serve ranks",
+    ),
     ("worker", "streampack.service.worker", "run a pack worker connected to a producer"),
-    ("serve", "streampack.service.serve",
-     "run the producer and N local pack workers under a supervisor"),
-    ("consume", "streampack.service.consume",
-     "drain one rank's stream; print throughput and a digest"),
+    (
+        "serve",
+        "streampack.service.serve",
+        "run the producer and N local pack workers under a supervisor",
+    ),
+    (
+        "consume",
+        "streampack.service.consume",
+        "drain one rank's stream; print throughput and a digest",
+    ),
     ("digest", "streampack.service.digest", "compute in process the digest `consume` prints"),
-    ("health", "streampack.service.health",
-     "ask a producer whether it is serving (exit 0) or not (1)"),
-    ("inspect", "streampack.service.inspect_batch",
-     "picture one batch: cells by segment, permission matrix"),
-    ("corpus", "streampack.corpus.command",
-     "build a token corpus from text (build), or report on one (inspect)"),
-    ("demo", "streampack.service.demo",
-     "serve the bundled corpus to two ranks and verify exactly once"),
+    (
+        "health",
+        "streampack.service.health",
+        "ask a producer whether it is serving (exit 0) or not (1)",
+    ),
+    (
+        "inspect",
+        "streampack.service.inspect_batch",
+        "picture one batch: cells by segment, permission matrix",
+    ),
+    (
+        "corpus",
+        "streampack.corpus.command",
+        "build a token corpus from text (build), or report on one (inspect)",
+    ),
+    (
+        "demo",
+        "streampack.service.demo",
+        "serve the bundled corpus to two ranks and verify exactly once",
+    ),
 ]
 
 # Flags whose value may begin with "-" (see _join_key_values).

@@ -105,25 +105,36 @@ class ResumeError(StreampackError, ValueError):
 _CURSOR_KEYS = ("epoch", "index", "base", "rank", "world_size")
 
 
-def _cursor_fields(state: Any, default: tuple[int, int] | None, where: str
-                   ) -> tuple[int, int, int, int, int]:
+def _cursor_fields(
+    state: Any, default: tuple[int, int] | None, where: str
+) -> tuple[int, int, int, int, int]:
     """(epoch, index, base, rank, world_size) of one saved ``state_dict()``, checked. A
     state without ``rank`` and ``world_size`` (saved before they were recorded) is taken
     as ``default`` = (rank, world_size) of the stream, when there is one; without
     ``base``, as base 0."""
     if not isinstance(state, Mapping):
-        raise ResumeError(f"{where} {state!r} is not a cursor: expected a dict from "
-                          f"BatchStream.state_dict()")
+        raise ResumeError(
+            f"{where} {state!r} is not a cursor: expected a dict from BatchStream.state_dict()"
+        )
     if default is None and not ("rank" in state and "world_size" in state):
-        raise ResumeError(f"{where} {dict(state)!r} lacks rank and world_size; a list of "
-                          f"states needs them (state_dict() saves them)")
+        raise ResumeError(
+            f"{where} {dict(state)!r} lacks rank and world_size; a list of "
+            f"states needs them (state_dict() saves them)"
+        )
     rank, world_size = default if default is not None else (-1, 0)
     values: tuple[Any, ...] = (  # checked to be ints just below
-        state.get("epoch"), state.get("index"), state.get("base", 0),
-        state.get("rank", rank), state.get("world_size", world_size))
+        state.get("epoch"),
+        state.get("index"),
+        state.get("base", 0),
+        state.get("rank", rank),
+        state.get("world_size", world_size),
+    )
     epoch, index, base, rank, world_size = values
     if any(isinstance(v, bool) or not isinstance(v, int) for v in values) or not (
-        epoch >= 0 and world_size >= 1 and 0 <= rank < world_size and 0 <= base <= index
+        epoch >= 0
+        and world_size >= 1
+        and 0 <= rank < world_size
+        and 0 <= base <= index
         and (index - base) % world_size == rank
     ):
         raise ResumeError(
@@ -159,14 +170,18 @@ def resume_cursor(
         states = list(state)
         where = "a state in the list"
     else:
-        raise ResumeError(f"state {state!r} is not a cursor: expected a state_dict() or a "
-                          f"non-empty list of every rank's")
+        raise ResumeError(
+            f"state {state!r} is not a cursor: expected a state_dict() or a "
+            f"non-empty list of every rank's"
+        )
     default = (rank, world_size) if len(states) == 1 else None
     cursors = [_cursor_fields(s, default, where) for s in states]
     saved_world = {c[4] for c in cursors}
     if len(saved_world) != 1:
-        raise ResumeError(f"the states were saved at different world sizes "
-                          f"{sorted(saved_world)}; give the states of one checkpoint")
+        raise ResumeError(
+            f"the states were saved at different world sizes "
+            f"{sorted(saved_world)}; give the states of one checkpoint"
+        )
     (saved_world_size,) = saved_world
     if saved_world_size == world_size:
         own = [c for c in cursors if c[3] == rank]
@@ -188,8 +203,10 @@ def resume_cursor(
 
     counts = {consumed(c) for c in cursors}
     if len(counts) != 1:
-        detail = ", ".join(f"rank {c[3]}: epoch {c[0]} after {(c[1] - c[2] - c[3]) // c[4]}"
-                           for c in sorted(cursors, key=lambda c: c[3]))
+        detail = ", ".join(
+            f"rank {c[3]}: epoch {c[0]} after {(c[1] - c[2] - c[3]) // c[4]}"
+            for c in sorted(cursors, key=lambda c: c[3])
+        )
         raise ResumeError(
             f"cannot map these states from world size {saved_world_size} to {world_size}: "
             f"the ranks had consumed different numbers of batches ({detail}). An elastic "
@@ -273,9 +290,14 @@ class BatchStream:
         check_rank(rank, world_size)
         # The checks of ConsumerSettings, whichever way the values came in (InvalidConfig
         # on a bad one); the endpoint is refused here, not when the first fetch connects.
-        ConsumerSettings(connect=endpoint, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
-                         timeout=timeout, max_message_bytes=max_message_bytes,
-                         curve_server_key=curve_server_key)
+        ConsumerSettings(
+            connect=endpoint,
+            prefetch=prefetch,
+            prefetch_bytes=prefetch_bytes,
+            timeout=timeout,
+            max_message_bytes=max_message_bytes,
+            curve_server_key=curve_server_key,
+        )
         self.endpoint = endpoint
         self.rank = rank
         self.world_size = world_size
@@ -345,23 +367,34 @@ class BatchStream:
         says whether the data path slows training: the time the trainer waited in
         ``next_batch`` for a batch that had not arrived yet (expansion not included).
         ``streampack.client_metrics`` exports them to Prometheus."""
-        return {"rank": self.rank, "world_size": self.world_size, "batches": self.batches,
-                "fillers": self.fillers, "bytes_received": self.bytes_received,
-                "waits": self.waits, "seconds_blocked": self.seconds_blocked,
-                "rejected": self.rejected, "resent": self.resent}
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "batches": self.batches,
+            "fillers": self.fillers,
+            "bytes_received": self.bytes_received,
+            "waits": self.waits,
+            "seconds_blocked": self.seconds_blocked,
+            "rejected": self.rejected,
+            "resent": self.resent,
+        }
 
     def state_dict(self) -> dict[str, int]:
         """The cursor: the next batch this rank will yield, and where it stands in the
         job (``rank``, ``world_size``), so a resume at another world size can map it."""
-        return {"epoch": self._epoch, "index": self._index, "base": self._base,
-                "rank": self.rank, "world_size": self.world_size}
+        return {
+            "epoch": self._epoch,
+            "index": self._index,
+            "base": self._base,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
 
     def load_state_dict(self, state: Mapping[str, int] | Sequence[Mapping[str, int]]) -> None:
         """Continue from ``state``: this rank's ``state_dict()``, another rank's, or a
         list of every rank's, saved at this world size or another (see
         ``resume_cursor``). Drops anything prefetched."""
-        self._epoch, self._base, self._index = resume_cursor(state, self.rank,
-                                                             self.world_size)
+        self._epoch, self._base, self._index = resume_cursor(state, self.rank, self.world_size)
         self._finished = False
         self._reset_socket()
 
@@ -417,15 +450,17 @@ class BatchStream:
         once half of them have been answered: one fetch message for a run of batches."""
         if len(self._requested) > self.prefetch // 2:
             return
-        first = next_index = self._requested[-1] + self.world_size if self._requested \
-            else self._index
+        first = next_index = (
+            self._requested[-1] + self.world_size if self._requested else self._index
+        )
         count = 0
         while (
             len(self._requested) < self.prefetch
             and (self._limit is None or next_index < self._limit)
             and (
-            not self._requested
-            or self._held_bytes + self._batch_bytes * len(self._requested) < self.prefetch_bytes)
+                not self._requested
+                or self._held_bytes + self._batch_bytes * len(self._requested) < self.prefetch_bytes
+            )
         ):
             self._requested.append(next_index)
             next_index += self.world_size
@@ -434,8 +469,14 @@ class BatchStream:
             self._fetch(socket, first, count)
 
     def _fetch(self, socket: zmq.Socket, index: int, count: int) -> None:
-        fields = {"rank": self.rank, "world_size": self.world_size, "epoch": self._epoch,
-                  "index": index, "count": count, "base": self._base}
+        fields = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "epoch": self._epoch,
+            "index": index,
+            "count": count,
+            "base": self._base,
+        }
         socket.send_multipart(wire.encode("fetch", fields), copy=False)
 
     def _resend(self, socket: zmq.Socket) -> None:

@@ -26,19 +26,26 @@ from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 CLIENT_COUNTERS: dict[str, tuple[str, str]] = {
     "batches": ("streampack_client_batches", "Batches this rank yielded (fillers included)"),
     "fillers": ("streampack_client_fillers", "All-padding filler batches this rank yielded"),
-    "bytes_received": ("streampack_client_bytes_received",
-                       "Bytes of the batches yielded, as they travelled (compact)"),
+    "bytes_received": (
+        "streampack_client_bytes_received",
+        "Bytes of the batches yielded, as they travelled (compact)",
+    ),
     "waits": ("streampack_client_waits", "Batches that had not arrived when the trainer asked"),
-    "seconds_blocked": ("streampack_client_blocked_seconds",
-                        "Seconds the trainer waited for a batch that had not arrived"),
+    "seconds_blocked": (
+        "streampack_client_blocked_seconds",
+        "Seconds the trainer waited for a batch that had not arrived",
+    ),
     "rejected": ("streampack_client_messages_rejected", "Malformed messages dropped"),
-    "resent": ("streampack_client_fetches_resent",
-               "Times outstanding fetches were sent again after silence"),
+    "resent": (
+        "streampack_client_fetches_resent",
+        "Times outstanding fetches were sent again after silence",
+    ),
 }
 
 #: Every metric this module exports: name -> (type, help).
 CLIENT_METRICS: dict[str, tuple[str, str]] = {
-    f"{name}_total": ("counter", text) for name, text in CLIENT_COUNTERS.values()}
+    f"{name}_total": ("counter", text) for name, text in CLIENT_COUNTERS.values()
+}
 
 
 class ClientCollector(Collector):
@@ -58,8 +65,9 @@ class ClientCollector(Collector):
             yield family
 
 
-def register_client_metrics(stream: Any, registry: CollectorRegistry | None = None
-                            ) -> ClientCollector:
+def register_client_metrics(
+    stream: Any, registry: CollectorRegistry | None = None
+) -> ClientCollector:
     """Export ``stream``'s counters from ``registry`` (prometheus_client's default one
     when None); ``registry.unregister(collector)`` stops it."""
     collector = ClientCollector(stream)

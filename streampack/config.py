@@ -71,7 +71,8 @@ class PackConfig:
         _require_positive_int("max_cells", max_cells)
         if self.policy not in POLICIES:
             raise InvalidConfig(
-                f"policy={self.policy!r}; accepted: {', '.join(map(repr, POLICIES))}")
+                f"policy={self.policy!r}; accepted: {', '.join(map(repr, POLICIES))}"
+            )
         if self.open_rows is None:
             default = DEFAULT_BEST_FIT_OPEN_ROWS if self.policy == "best_fit" else 1
             object.__setattr__(self, "open_rows", default)
@@ -79,7 +80,8 @@ class PackConfig:
         if self.policy == "next_fit" and self.open_rows != 1:
             raise InvalidConfig(
                 f"open_rows={self.open_rows} with policy='next_fit', which keeps one row "
-                "open; accepted: open_rows=1 (or None), or policy='best_fit'")
+                "open; accepted: open_rows=1 (or None), or policy='best_fit'"
+            )
         if max_cells < self.capacity:
             raise InvalidConfig(
                 f"max_cells={self.max_cells} is smaller than one row (capacity={self.capacity}); "

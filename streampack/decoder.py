@@ -569,8 +569,14 @@ class Decoder:
         z, r_final = _rms_forward(h, p["final_norm"])
         z_eligible = z[cells.eligible]
         return Trace(
-            cells=cells, layers=layers, h_final=h, r_final=r_final, z_eligible=z_eligible,
-            logits=z_eligible @ p["embedding"].T, cos=cos, sin=sin,
+            cells=cells,
+            layers=layers,
+            h_final=h,
+            r_final=r_final,
+            z_eligible=z_eligible,
+            logits=z_eligible @ p["embedding"].T,
+            cos=cos,
+            sin=sin,
         )
 
     # -- backward ---------------------------------------------------------------------

@@ -104,8 +104,13 @@ class Examples:
         count = self.doc.shape[0]
         for name in ("source_id", "example_id"):
             values = getattr(self, name)
-            put(self, name, np.arange(count, dtype=np.int64) if values is None
-                else integer_column(name, values, np.int64))
+            put(
+                self,
+                name,
+                np.arange(count, dtype=np.int64)
+                if values is None
+                else integer_column(name, values, np.int64),
+            )
         for name in ("start", "stop", "source_id", "example_id"):
             if getattr(self, name).shape[0] != count:
                 raise InvalidExample(
@@ -232,7 +237,10 @@ def check_offsets(offsets: np.ndarray, token_count: int) -> None:
 
 
 def check_ranges(
-    offsets: np.ndarray, doc: np.ndarray, start: np.ndarray, stop: np.ndarray,
+    offsets: np.ndarray,
+    doc: np.ndarray,
+    start: np.ndarray,
+    stop: np.ndarray,
     describe: Callable[[int], str],
 ) -> None:
     """Every example selects an existing document's range of at least 2 tokens (C1)."""

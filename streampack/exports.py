@@ -103,7 +103,12 @@ def block_causal_mask(batch: Any) -> np.ndarray:
 
 
 def hf_arguments(
-    batch: Any, layout: str, pad_id: int, mask: str | None, mask_dtype: Any, device: Any,
+    batch: Any,
+    layout: str,
+    pad_id: int,
+    mask: str | None,
+    mask_dtype: Any,
+    device: Any,
 ) -> dict[str, Any]:
     """The body of ``PackedBatch.to_hf`` (see there and the module picture)."""
     if layout not in HF_LAYOUTS:
@@ -111,8 +116,10 @@ def hf_arguments(
     if mask == "padding":
         raise InvalidConfig(_PADDING_MASK_REFUSED.format(mask=mask))
     if mask not in HF_MASKS:
-        raise InvalidConfig(f"mask={mask!r}; accepted: None, 'bool' (sdpa) or 'additive' "
-                            "(eager); a 2-D padding mask is refused on purpose")
+        raise InvalidConfig(
+            f"mask={mask!r}; accepted: None, 'bool' (sdpa) or 'additive' "
+            "(eager); a 2-D padding mask is refused on purpose"
+        )
     pad_id = _check_pad_id(pad_id)
     torch = _torch()
 
@@ -135,11 +142,13 @@ def hf_arguments(
         if mask is not None:
             raise InvalidConfig(
                 f"mask={mask!r} with layout='flat'; the flat layout carries its documents' "
-                "boundaries (position_ids, cu_seq_lens_q/k), so it takes mask=None")
+                "boundaries (position_ids, cu_seq_lens_q/k), so it takes mask=None"
+            )
         if batch.filler or batch.occurrences.size == 0:
             raise InvalidConfig(
                 "a filler batch has no real cells to flatten; skip batches whose "
-                "`filler` is True (or use layout='rows')")
+                "`filler` is True (or use layout='rows')"
+            )
         layout_ = batch.cu_seqlens()
         valid = batch.input_valid
         lengths = np.diff(layout_.cu_seqlens)
@@ -154,13 +163,18 @@ def hf_arguments(
             "max_length_k": layout_.max_seqlen,
         }
     tensors = {
-        name: (torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray)
-               else value)
+        name: (
+            torch.from_numpy(np.ascontiguousarray(value))
+            if isinstance(value, np.ndarray)
+            else value
+        )
         for name, value in out.items()
     }
     if device is not None:
-        tensors = {name: value.to(device) if hasattr(value, "to") else value
-                   for name, value in tensors.items()}
+        tensors = {
+            name: value.to(device) if hasattr(value, "to") else value
+            for name, value in tensors.items()
+        }
     tensors["labels"] = tensors["shift_labels"]  # the same tensor: see the module doc
     tensors["use_cache"] = False
     return tensors
@@ -170,7 +184,8 @@ def megatron_arguments(batch: Any, device: Any) -> dict[str, Any]:
     """The body of ``PackedBatch.to_megatron`` (see there)."""
     if batch.filler or batch.occurrences.size == 0:
         raise InvalidConfig(
-            "a filler batch has no sequences to describe; skip batches whose `filler` is True")
+            "a filler batch has no sequences to describe; skip batches whose `filler` is True"
+        )
     torch = _torch()
     layout = batch.cu_seqlens()
     cu = torch.from_numpy(layout.cu_seqlens)

@@ -58,8 +58,10 @@ class TextFormatter(logging.Formatter):
         self.prefix = f"{escape(role)}[{escape(identity)}]"
 
     def format(self, record: logging.LogRecord) -> str:
-        line = (f"{_timestamp(record)} {record.levelname:<7} {self.prefix} {record.name}: "
-                f"{escape(record.getMessage())}")
+        line = (
+            f"{_timestamp(record)} {record.levelname:<7} {self.prefix} {record.name}: "
+            f"{escape(record.getMessage())}"
+        )
         if record.exc_info:
             trace = self.formatException(record.exc_info)
             line += "".join(f"\n    | {escape(part)}" for part in trace.splitlines())
@@ -109,8 +111,14 @@ def default_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def setup_logging(role: str, *, fmt: str = "text", level: str = "INFO",
-                  identity: str | None = None, stream: IO[str] | None = None) -> None:
+def setup_logging(
+    role: str,
+    *,
+    fmt: str = "text",
+    level: str = "INFO",
+    identity: str | None = None,
+    stream: IO[str] | None = None,
+) -> None:
     """Send this process's log records to ``stream`` (stderr) in format ``fmt``.
 
     ``role`` names the process (``producer``, ``worker``, ``serve``, ``consume``, ...);
@@ -138,13 +146,20 @@ def setup_logging(role: str, *, fmt: str = "text", level: str = "INFO",
 
 def add_logging_flags(parser: argparse.ArgumentParser) -> None:
     """``--log-format`` and ``--log-level``, defaulting to the environment's choice."""
-    parser.add_argument("--log-format", choices=FORMATS,
-                        default=os.environ.get(FORMAT_ENV, "text"),
-                        help=f"diagnostics on stderr as text for people or one JSON object "
-                        f"per line (default: ${FORMAT_ENV} or text)")
-    parser.add_argument("--log-level", choices=LEVELS, type=str.upper,
-                        default=os.environ.get(LEVEL_ENV, "INFO").upper(),
-                        help=f"least severe level logged (default: ${LEVEL_ENV} or INFO)")
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=os.environ.get(FORMAT_ENV, "text"),
+        help=f"diagnostics on stderr as text for people or one JSON object "
+        f"per line (default: ${FORMAT_ENV} or text)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        type=str.upper,
+        default=os.environ.get(LEVEL_ENV, "INFO").upper(),
+        help=f"least severe level logged (default: ${LEVEL_ENV} or INFO)",
+    )
 
 
 def logging_args(args: argparse.Namespace) -> list[str]:

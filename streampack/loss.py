@@ -115,5 +115,3 @@ def probe_logits(batch: PackedBatch, gold_probability: float | np.ndarray) -> np
     rows, columns = np.nonzero(eligible)
     logits[rows, columns, batch.targets[rows, columns]] = np.log((vocab - 1) * used / (1 - used))
     return logits
-
-

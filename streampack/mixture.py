@@ -65,8 +65,10 @@ def integer_weights(weights: Sequence[float | int]) -> tuple[int, ...]:
         raise InvalidConfig("a mixture needs at least one source with a weight")
     fractions = []
     for i, weight in enumerate(weights):
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
-            math.isfinite(weight) and weight > 0
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not (math.isfinite(weight) and weight > 0)
         ):
             raise InvalidConfig(f"source {i}: weight {weight!r} must be a positive finite number")
         fractions.append(Fraction(repr(weight)) if isinstance(weight, float) else Fraction(weight))
@@ -143,12 +145,20 @@ class Schedule:
 
 def permutation(size: int, seed: int, epoch: int, source: int, cycle: int) -> np.ndarray:
     """The order of one source's documents in one cycle of a shuffled epoch."""
-    return np.random.default_rng([seed, epoch, source, cycle, 0x313C]).permutation(
-        size).astype(np.int64)
+    return (
+        np.random.default_rng([seed, epoch, source, cycle, 0x313C])
+        .permutation(size)
+        .astype(np.int64)
+    )
 
 
 def epoch_order(
-    schedule: Schedule, sizes: Sequence[int], stopping: str, *, shuffle: bool, seed: int,
+    schedule: Schedule,
+    sizes: Sequence[int],
+    stopping: str,
+    *,
+    shuffle: bool,
+    seed: int,
     epoch: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The documents an epoch visits, in order: ``(source, document)`` arrays, where
@@ -174,8 +184,17 @@ class EpochOrder:
     schedule. A shuffled source keeps the permutation of its current cycle (8 bytes per
     document of the source, as a shuffled single corpus does)."""
 
-    def __init__(self, schedule: Schedule, sizes: Sequence[int], stopping: str,
-                 first: np.ndarray, *, shuffle: bool, seed: int, epoch: int) -> None:
+    def __init__(
+        self,
+        schedule: Schedule,
+        sizes: Sequence[int],
+        stopping: str,
+        first: np.ndarray,
+        *,
+        shuffle: bool,
+        seed: int,
+        epoch: int,
+    ) -> None:
         self.schedule, self.sizes, self.first = schedule, list(sizes), first
         self.shuffle, self.seed, self.epoch = shuffle, seed, epoch
         self.length = schedule.epoch_length(sizes, stopping)
@@ -213,8 +232,9 @@ class EpochOrder:
 LONG_DOCUMENTS = ("quarantine", "split")
 
 
-def split_ranges(start: np.ndarray, stop: np.ndarray, limit: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def split_ranges(
+    start: np.ndarray, stop: np.ndarray, limit: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Cut each range ``[start[i], stop[i])`` into consecutive ranges of at most ``limit``
     tokens (``capacity + 1``: one row's worth of pairs)::
 
@@ -242,8 +262,9 @@ def split_ranges(start: np.ndarray, stop: np.ndarray, limit: int
     piece_stop = np.minimum(piece_start + limit, start[owner] + span[owner])
     formed = piece_stop - piece_start >= 2
     owner, piece_start, piece_stop = owner[formed], piece_start[formed], piece_stop[formed]
-    kept_pairs = np.bincount(owner, weights=piece_stop - piece_start - 1,
-                             minlength=len(span)).astype(np.int64)
+    kept_pairs = np.bincount(
+        owner, weights=piece_stop - piece_start - 1, minlength=len(span)
+    ).astype(np.int64)
     pairs_cut = np.maximum(span - 1, 0) - kept_pairs
     return owner, piece_start, piece_stop, pairs_cut
 
@@ -252,16 +273,16 @@ def long_documents_policy(entry: dict[str, Any], where: str) -> str:
     """A source entry's ``long_documents`` (default ``quarantine``), checked."""
     policy = entry.get("long_documents", "quarantine")
     if policy not in LONG_DOCUMENTS:
-        raise InvalidConfig(f"{where}: long_documents {policy!r}; expected one of "
-                            f"{', '.join(LONG_DOCUMENTS)}")
+        raise InvalidConfig(
+            f"{where}: long_documents {policy!r}; expected one of {', '.join(LONG_DOCUMENTS)}"
+        )
     return str(policy)
 
 
 # --- the mixture reader -----------------------------------------------------------------
 
 
-def buffered_shuffle(items: Iterator[Any], size: int, rng: np.random.Generator
-                     ) -> Iterator[Any]:
+def buffered_shuffle(items: Iterator[Any], size: int, rng: np.random.Generator) -> Iterator[Any]:
     """A bounded shuffle buffer: emit a uniformly chosen held item per new item."""
     buffer: list[Any] = []
     for item in items:
@@ -285,18 +306,29 @@ class MixtureReader:
     by one (``epoch_records``), each sequential source through its own seeded shuffle
     buffer."""
 
-    def __init__(self, readers: Sequence[Any], weights: Sequence[float | int], *,
-                 stopping: str, long_documents: Sequence[str], binding: Any, where: str) -> None:
+    def __init__(
+        self,
+        readers: Sequence[Any],
+        weights: Sequence[float | int],
+        *,
+        stopping: str,
+        long_documents: Sequence[str],
+        binding: Any,
+        where: str,
+    ) -> None:
         # A sequential source's size, when its reader does not know it, is counted once
         # here (a pass over its files): the schedule's epoch length needs it.
-        sizes = [r.num_documents if r.num_documents is not None
-                 else sum(1 for _ in r.records()) for r in readers]
+        sizes = [
+            r.num_documents if r.num_documents is not None else sum(1 for _ in r.records())
+            for r in readers
+        ]
         for k, size in enumerate(sizes):
             if size == 0:
                 raise InvalidConfig(f"{where}: source {k} holds no documents")
         if stopping not in STOPPING:
-            raise InvalidConfig(f"{where}: stopping {stopping!r}; expected one of "
-                                f"{', '.join(STOPPING)}")
+            raise InvalidConfig(
+                f"{where}: stopping {stopping!r}; expected one of {', '.join(STOPPING)}"
+            )
         self.readers = list(readers)
         self.schedule = Schedule.of(weights)
         self.stopping = stopping
@@ -319,11 +351,19 @@ class MixtureReader:
     def epoch_order(self, epoch: int, shuffle: bool, seed: int) -> EpochOrder:
         """The document ids an epoch visits, in order (see module doc), worked out a
         slice at a time."""
-        return EpochOrder(self.schedule, self.sizes, self.stopping, self._first,
-                          shuffle=shuffle, seed=seed, epoch=epoch)
+        return EpochOrder(
+            self.schedule,
+            self.sizes,
+            self.stopping,
+            self._first,
+            shuffle=shuffle,
+            seed=seed,
+            epoch=epoch,
+        )
 
-    def epoch_records(self, epoch: int, shuffle: bool, seed: int, shuffle_buffer: int
-                      ) -> Iterator[Record]:
+    def epoch_records(
+        self, epoch: int, shuffle: bool, seed: int, shuffle_buffer: int
+    ) -> Iterator[Record]:
         """The documents an epoch visits, in order, one record each (source ids and
         locations those of the mixture)."""
         streams: dict[int, tuple[int, Iterator[Record]]] = {}  # source -> cycle, records
@@ -331,8 +371,11 @@ class MixtureReader:
         def read(k: int, cycle: int) -> Iterator[Record]:
             reader = self.readers[k]
             if reader.random_access:
-                order = (permutation(self.sizes[k], seed, epoch, k, cycle) if shuffle
-                         else range(self.sizes[k]))
+                order = (
+                    permutation(self.sizes[k], seed, epoch, k, cycle)
+                    if shuffle
+                    else range(self.sizes[k])
+                )
                 return (self._record(k, int(i)) for i in order)
             records = reader.records()
             if shuffle:
@@ -349,10 +392,15 @@ class MixtureReader:
                     streams[k] = (cycle, read(k, cycle))
                 record = next(streams[k][1])
                 yield dataclasses.replace(
-                    record, source_id=int(self._first[k]) + record.source_id,
-                    example_id=(int(self._first[k]) + record.example_id
-                                if self.readers[k].random_access else record.example_id),
-                    location=f"source {k}: {record.location}")
+                    record,
+                    source_id=int(self._first[k]) + record.source_id,
+                    example_id=(
+                        int(self._first[k]) + record.example_id
+                        if self.readers[k].random_access
+                        else record.example_id
+                    ),
+                    location=f"source {k}: {record.location}",
+                )
 
     def _record(self, k: int, i: int) -> Record:
         """Document ``i`` of random-access source ``k`` as a record (its own ids)."""
@@ -360,11 +408,16 @@ class MixtureReader:
         lengths = reader.lengths(ids)
         tokens, ok = reader.gather(ids, lengths)
         bad = not bool(ok[0])
-        return Record(source_id=i, tokens=np.asarray(tokens, np.int64), start=0,
-                      stop=int(lengths[0]), example_id=i,
-                      reason="wrong_dtype" if bad else None,
-                      detail="stored tokens are not of an accepted integer dtype" if bad else "",
-                      location=reader.location(i))
+        return Record(
+            source_id=i,
+            tokens=np.asarray(tokens, np.int64),
+            start=0,
+            stop=int(lengths[0]),
+            example_id=i,
+            reason="wrong_dtype" if bad else None,
+            detail="stored tokens are not of an accepted integer dtype" if bad else "",
+            location=reader.location(i),
+        )
 
     def lengths(self, ids: np.ndarray) -> np.ndarray:
         out = np.empty(len(ids), np.int64)
@@ -385,10 +438,11 @@ class MixtureReader:
         parts = {}
         for k in np.unique(source).tolist():
             mine = np.flatnonzero(source == k)
-            parts[k] = (mine, *self.readers[k].gather(ids[mine] - self._first[k],
-                                                       lengths[mine]))
-        wide = any(np.dtype(tokens.dtype).itemsize > 4 or tokens.dtype == np.uint32
-                   for _, tokens, _ in parts.values())
+            parts[k] = (mine, *self.readers[k].gather(ids[mine] - self._first[k], lengths[mine]))
+        wide = any(
+            np.dtype(tokens.dtype).itemsize > 4 or tokens.dtype == np.uint32
+            for _, tokens, _ in parts.values()
+        )
         tokens_out = np.empty(int(lengths.sum()), np.int64 if wide else np.int32)
         dtype_ok = np.ones(len(ids), bool)
         out_starts = np.cumsum(lengths) - lengths
@@ -401,21 +455,26 @@ class MixtureReader:
         return tokens_out, dtype_ok
 
 
-def open_mixture(root: Any, data: dict[str, Any], binding: Any, where: str, *,
-                 allow_outside: bool = False) -> MixtureReader:
+def open_mixture(
+    root: Any, data: dict[str, Any], binding: Any, where: str, *, allow_outside: bool = False
+) -> MixtureReader:
     """The mixture a manifest's ``sources`` list describes (see docs/service.md)::
 
-        "sources": [{"weight": 3, "shards": ["web-000"]},
-                    {"weight": 1, "shards": ["code-000"], "long_documents": "split"}],
-        "stopping": "first_exhausted"
+    "sources": [{"weight": 3, "shards": ["web-000"]},
+                {"weight": 1, "shards": ["code-000"], "long_documents": "split"}],
+    "stopping": "first_exhausted"
     """
     from streampack.corpus.manifest import open_source
 
     entries = data["sources"]
-    if not isinstance(entries, list) or not entries or not all(
-            isinstance(e, dict) for e in entries):
-        raise InvalidConfig(f"{where}: 'sources' must be a non-empty list of source objects, "
-                            f"got {entries!r}")
+    if (
+        not isinstance(entries, list)
+        or not entries
+        or not all(isinstance(e, dict) for e in entries)
+    ):
+        raise InvalidConfig(
+            f"{where}: 'sources' must be a non-empty list of source objects, got {entries!r}"
+        )
     if "long_documents" in data:
         raise InvalidConfig(f"{where}: give long_documents per source in a mixture")
     readers, weights, policies = [], [], []
@@ -427,5 +486,11 @@ def open_mixture(root: Any, data: dict[str, Any], binding: Any, where: str, *,
         policies.append(long_documents_policy(entry, here))
         readers.append(open_source(root, entry, binding, here, allow_outside=allow_outside))
     integer_weights(weights)  # the weights' own errors first, naming the source
-    return MixtureReader(readers, weights, stopping=data.get("stopping", "first_exhausted"),
-                         long_documents=policies, binding=binding, where=where)
+    return MixtureReader(
+        readers,
+        weights,
+        stopping=data.get("stopping", "first_exhausted"),
+        long_documents=policies,
+        binding=binding,
+        where=where,
+    )

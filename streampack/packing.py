@@ -115,8 +115,13 @@ def planner_bytes(example_count: int, open_rows: int = 1) -> int:
 
 
 def metadata_bytes(
-    example_count: int, row_count: int, batch_count: int, capacity: int,
-    *, selected_tokens: int | None = None, open_rows: int = 1,
+    example_count: int,
+    row_count: int,
+    batch_count: int,
+    capacity: int,
+    *,
+    selected_tokens: int | None = None,
+    open_rows: int = 1,
 ) -> int:
     """Every byte a pack call holds at its peak, given its plan (rule C8).
 
@@ -188,9 +193,7 @@ def _plan(
     return _place(lengths, config, compact=compact)
 
 
-def _check_lengths(
-    lengths: np.ndarray, config: PackConfig, describe: Callable[[int], str]
-) -> None:
+def _check_lengths(lengths: np.ndarray, config: PackConfig, describe: Callable[[int], str]) -> None:
     """Rule C2: no example is split, so each must fit one row."""
     oversized = np.flatnonzero(lengths > config.capacity)
     if oversized.size:
@@ -215,8 +218,17 @@ def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_
     if config.policy == "best_fit":
         open_row = np.empty(config.open_row_limit, np.int64)
         open_used = np.empty(config.open_row_limit, np.int64)
-        row_count = int(plan_best_fit(lengths, config.capacity, config.open_row_limit, row_of,
-                                      column_of, open_row, open_used))
+        row_count = int(
+            plan_best_fit(
+                lengths,
+                config.capacity,
+                config.open_row_limit,
+                row_of,
+                column_of,
+                open_row,
+                open_used,
+            )
+        )
     else:
         row_count = int(plan_next_fit(lengths, config.capacity, row_of, column_of))
     rows_per_batch = config.max_rows_per_batch
@@ -234,8 +246,14 @@ def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_
             "or a larger max_cells"
         )
     selected = int(lengths.sum()) + count if compact else None
-    peak = metadata_bytes(count, row_count, batch_count, config.capacity,
-                          selected_tokens=selected, open_rows=config.open_row_limit)
+    peak = metadata_bytes(
+        count,
+        row_count,
+        batch_count,
+        config.capacity,
+        selected_tokens=selected,
+        open_rows=config.open_row_limit,
+    )
     _enforce_budget(peak, config, f"packing {count} examples into {row_count} rows")
     if config.policy == "next_fit":  # rows already hold consecutive examples
         order = np.arange(count, dtype=np.int64)
@@ -244,8 +262,16 @@ def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_
         order = np.empty(count, np.int64)
         row_first = np.empty(row_count + 1, np.int64)
         group_by_row(row_of, row_first, order)
-    return _Plan(lengths, row_of, column_of, order, row_first, row_count, batch_count,
-                 config.policy == "next_fit"), peak
+    return _Plan(
+        lengths,
+        row_of,
+        column_of,
+        order,
+        row_first,
+        row_count,
+        batch_count,
+        config.policy == "next_fit",
+    ), peak
 
 
 def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> PackedEpoch:
@@ -263,10 +289,23 @@ def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> P
     arrays = {name: np.empty(shape, dtype) for name, dtype in CELL_DTYPES.items()}
     valid_lengths = np.empty(plan.row_count, np.int32)
     fill_rows(
-        examples.tokens, examples.offsets, examples.doc, examples.start, examples.stop,
-        plan.order, plan.row_first, 0, arrays["inputs"], arrays["targets"], arrays["segments"],
-        arrays["positions"], arrays["input_valid"], arrays["target_valid"],
-        arrays["loss_mask"], arrays["segment_starts"], valid_lengths,
+        examples.tokens,
+        examples.offsets,
+        examples.doc,
+        examples.start,
+        examples.stop,
+        plan.order,
+        plan.row_first,
+        0,
+        arrays["inputs"],
+        arrays["targets"],
+        arrays["segments"],
+        arrays["positions"],
+        arrays["input_valid"],
+        arrays["target_valid"],
+        arrays["loss_mask"],
+        arrays["segment_starts"],
+        valid_lengths,
     )
     occurrences = _occurrence_records(examples, plan, config.max_rows_per_batch)
 
@@ -285,7 +324,9 @@ def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> P
             )
         )
     return PackedEpoch(
-        batches=batches, row_count=plan.row_count, occurrence_count=len(examples),
+        batches=batches,
+        row_count=plan.row_count,
+        occurrence_count=len(examples),
         metadata_peak=peak,
     )
 
@@ -305,8 +346,12 @@ def plan_compact(
 
 
 def plan_ranges(
-    offsets: np.ndarray, start: np.ndarray, stop: np.ndarray, source_id: np.ndarray,
-    example_id: np.ndarray, config: PackConfig,
+    offsets: np.ndarray,
+    start: np.ndarray,
+    stop: np.ndarray,
+    source_id: np.ndarray,
+    example_id: np.ndarray,
+    config: PackConfig,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`plan_compact` for documents whose tokens are held elsewhere.
 
@@ -319,15 +364,23 @@ def plan_ranges(
         raise InvalidConfig(f"config must be streampack.PackConfig, got {type(config).__name__}")
     offsets = integer_column("offsets", offsets, np.int64)
     start, stop, source_id, example_id = (
-        integer_column(name, column, np.int64) for name, column in
-        (("start", start), ("stop", stop), ("source_id", source_id), ("example_id", example_id)))
+        integer_column(name, column, np.int64)
+        for name, column in (
+            ("start", start),
+            ("stop", stop),
+            ("source_id", source_id),
+            ("example_id", example_id),
+        )
+    )
     count = start.shape[0]
     if offsets.shape[0] != count + 1 or any(
-            column.shape[0] != count for column in (stop, source_id, example_id)):
+        column.shape[0] != count for column in (stop, source_id, example_id)
+    ):
         raise InvalidExample(
             f"{count} ranges need {count + 1} offsets and {count} stops, source and example "
             f"ids; got {offsets.shape[0]}, {stop.shape[0]}, {source_id.shape[0]}, "
-            f"{example_id.shape[0]}")
+            f"{example_id.shape[0]}"
+        )
     _enforce_budget(planner_bytes(count, config.open_row_limit), config, "planning")
     check_offsets(offsets, int(offsets[-1]))  # no tokens here to end at: start, order
     doc = np.arange(count, dtype=np.int64)
@@ -339,8 +392,7 @@ def plan_ranges(
     lengths = stop - start - 1
     _check_lengths(lengths, config, describe)
     plan, _ = _place(lengths, config, compact=True)
-    ranges = _Ranges(doc=doc, start=start, stop=stop, source_id=source_id,
-                     example_id=example_id)
+    ranges = _Ranges(doc=doc, start=start, stop=stop, source_id=source_id, example_id=example_id)
     return _plans(ranges, plan, config)
 
 
@@ -355,8 +407,9 @@ class _Ranges:
     example_id: np.ndarray
 
 
-def _plans(examples: Examples | _Ranges, plan: _Plan, config: PackConfig
-           ) -> tuple[np.ndarray, np.ndarray]:
+def _plans(
+    examples: Examples | _Ranges, plan: _Plan, config: PackConfig
+) -> tuple[np.ndarray, np.ndarray]:
     """Every occurrence record in order and how many records each batch holds."""
     occurrences = _occurrence_records(examples, plan, config.max_rows_per_batch)
     firsts = plan.row_first[: plan.row_count : config.max_rows_per_batch]
@@ -365,7 +418,10 @@ def _plans(examples: Examples | _Ranges, plan: _Plan, config: PackConfig
 
 
 def select_tokens(
-    tokens: np.ndarray, offsets: np.ndarray, doc: np.ndarray, start: np.ndarray,
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    doc: np.ndarray,
+    start: np.ndarray,
     stop: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The tokens of ranges ``[start[i], stop[i])`` of documents ``doc[i]``, concatenated
@@ -381,15 +437,23 @@ def select_tokens(
 
 
 def compact_batches(
-    examples: Examples, occurrences: np.ndarray, sizes: np.ndarray, binding: Binding,
-    capacity: int, policy: str = "next_fit",
+    examples: Examples,
+    occurrences: np.ndarray,
+    sizes: np.ndarray,
+    binding: Binding,
+    capacity: int,
+    policy: str = "next_fit",
 ) -> list[CompactBatch]:
     """The compact batches of a plan from :func:`plan_compact`, tokens gathered in the
     records' order (best-fit's is not the supplied order)."""
     ordinal = occurrences["ordinal"]
-    selected, token_offsets = select_tokens(examples.tokens, examples.offsets,
-                                            examples.doc[ordinal], examples.start[ordinal],
-                                            examples.stop[ordinal])
+    selected, token_offsets = select_tokens(
+        examples.tokens,
+        examples.offsets,
+        examples.doc[ordinal],
+        examples.start[ordinal],
+        examples.stop[ordinal],
+    )
     ends = np.cumsum(sizes)
     return [
         CompactBatch(
@@ -412,8 +476,7 @@ def pack_compact(examples: Examples, binding: Binding, config: PackConfig) -> li
     returns at the same index. A compact batch is about 4 bytes per cell instead of 23.
     """
     occurrences, sizes = plan_compact(examples, binding, config)
-    return compact_batches(examples, occurrences, sizes, binding, config.capacity,
-                           config.policy)
+    return compact_batches(examples, occurrences, sizes, binding, config.capacity, config.policy)
 
 
 def warm_up_kernels() -> tuple[Examples, CompactBatch]:
@@ -423,8 +486,7 @@ def warm_up_kernels() -> tuple[Examples, CompactBatch]:
     Loading costs about a second per process. The service's processes pay it before they
     announce themselves ready, so it never lands inside a stream (or a measured rate).
     """
-    binding = Binding(vocab_size=8, tokenizer="warm-up", split_receipt="warm-up",
-                      partition="train")
+    binding = Binding(vocab_size=8, tokenizer="warm-up", split_receipt="warm-up", partition="train")
     examples = Examples.from_documents([[1, 2, 3], [4, 5]])
     (batch,) = pack_compact(examples, binding, PackConfig(capacity=4, max_rows_per_batch=1))
     # Each argument type is its own specialization: tokens int32 or uint16 (the service

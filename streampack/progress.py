@@ -29,9 +29,16 @@ def _duration(seconds: float) -> str:
 class Progress:
     """Progress of one command on one line; see the module docstring."""
 
-    def __init__(self, label: str, *, total: int | None = None, unit: str = "batches",
-                 enabled: bool | None = None, stream: IO[str] | None = None,
-                 interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        label: str,
+        *,
+        total: int | None = None,
+        unit: str = "batches",
+        enabled: bool | None = None,
+        stream: IO[str] | None = None,
+        interval: float = 0.5,
+    ) -> None:
         self.label = label
         self.total = total
         self.unit = unit
@@ -48,8 +55,9 @@ class Progress:
         """Count the rate and ETA from now rather than from the first ``update``."""
         self._started = time.perf_counter()
 
-    def line(self, done: int, tokens: int | None = None, now: float | None = None,
-             note: str = "") -> str:
+    def line(
+        self, done: int, tokens: int | None = None, now: float | None = None, note: str = ""
+    ) -> str:
         """The text of the progress line (without the carriage return)."""
         now = time.perf_counter() if now is None else now
         if self._started is None:

@@ -27,8 +27,17 @@ from .errors import InvalidConfig, InvalidCoordinate, StreampackError
 from .examples import Binding
 
 #: PNG colours, by segment ordinal modulo their number (matplotlib's tab10 without grey).
-SEGMENT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                   "#e377c2", "#bcbd22", "#17becf")
+SEGMENT_COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+)
 PAD_COLOUR = "#d0d0d0"  # padding cells, and permission entries of a padding query or key
 DENIED_COLOUR = "#ffffff"  # permission entries of two valid cells that may not attend
 BOUNDARY_COLOUR = "#000000"  # the line drawn where one segment ends and the next begins
@@ -71,9 +80,11 @@ def _header(batch: PackedBatch, title: str) -> str:
     valid = int(batch.valid_lengths.sum())
     cells = batch.rows * batch.capacity
     kind = " (filler: all padding)" if batch.filler else ""
-    return (f"{title}{kind}: {batch.rows} rows x {batch.capacity} cells, fill ratio "
-            f"{fill_ratio(batch):.3f} ({valid} of {cells} cells), documents per row "
-            f"{' '.join(map(str, documents_per_row(batch)))}")
+    return (
+        f"{title}{kind}: {batch.rows} rows x {batch.capacity} cells, fill ratio "
+        f"{fill_ratio(batch):.3f} ({valid} of {cells} cells), documents per row "
+        f"{' '.join(map(str, documents_per_row(batch)))}"
+    )
 
 
 # -- terminal --------------------------------------------------------------------------
@@ -97,8 +108,9 @@ class _Paint:
 
 def _wrap(text: str, width: int, indent: str = "") -> list[str]:
     """``text`` as lines of at most ``width`` characters, continuations indented."""
-    return textwrap.wrap(text, width, subsequent_indent=indent + "    ",
-                         break_on_hyphens=False) or [""]
+    return textwrap.wrap(
+        text, width, subsequent_indent=indent + "    ", break_on_hyphens=False
+    ) or [""]
 
 
 def _glyph(segment: int) -> str:
@@ -132,8 +144,9 @@ def _cells_table(batch: PackedBatch, row: int, width: int, paint: _Paint) -> lis
         "column": [str(c) for c in range(batch.capacity)],
         "segment": [str(s) if v else "·" for s, v in zip(batch.segments[row], valid)],
         "input": [str(t) if v else "·" for t, v in zip(batch.inputs[row], valid)],
-        "target": [str(t) if v else "·"
-                   for t, v in zip(batch.targets[row], batch.target_valid[row])],
+        "target": [
+            str(t) if v else "·" for t, v in zip(batch.targets[row], batch.target_valid[row])
+        ],
         "position": [str(p) if v else "·" for p, v in zip(batch.positions[row], valid)],
     }
     cell_width = max(len(text) for values in columns.values() for text in values) + 1
@@ -144,26 +157,33 @@ def _cells_table(batch: PackedBatch, row: int, width: int, paint: _Paint) -> lis
         cells = []
         for c in range(shown):
             text = values[c].rjust(cell_width)
-            cells.append(text if name == "column" else paint.segment(text, int(
-                batch.segments[row, c])))
+            cells.append(
+                text if name == "column" else paint.segment(text, int(batch.segments[row, c]))
+            )
         lines.append(f"  {name:<{label_width - 3}} " + "".join(cells))
     if shown < batch.capacity:
-        lines += _wrap(f"  ... columns {shown}..{batch.capacity - 1} not shown "
-                       f"(the segments below cover them)", width)
+        lines += _wrap(
+            f"  ... columns {shown}..{batch.capacity - 1} not shown "
+            f"(the segments below cover them)",
+            width,
+        )
     return lines
 
 
-def _segments_legend(batch: PackedBatch, row: int, width: int, paint: _Paint,
-                     limit: int = 24) -> list[str]:
+def _segments_legend(
+    batch: PackedBatch, row: int, width: int, paint: _Paint, limit: int = 24
+) -> list[str]:
     occ = batch.occurrences[batch.occurrences["row"] == row]
     lines = []
     for record in occ[:limit]:
         segment, start, stop = int(record["segment"]), int(record["start"]), int(record["stop"])
         swatch = paint.segment(_glyph(segment) * 2, segment)
-        text = (f"segment {segment}: columns [{start}, {stop}), source "
-                f"{int(record['source_id'])} (example {int(record['example_id'])}), range "
-                f"[{int(record['range_start'])}, {int(record['range_stop'])}), positions "
-                f"0..{stop - start - 1}")
+        text = (
+            f"segment {segment}: columns [{start}, {stop}), source "
+            f"{int(record['source_id'])} (example {int(record['example_id'])}), range "
+            f"[{int(record['range_start'])}, {int(record['range_stop'])}), positions "
+            f"0..{stop - start - 1}"
+        )
         wrapped = _wrap(text, width - 5, "     ")
         lines.append(f"  {swatch} {wrapped[0]}")
         lines += wrapped[1:]
@@ -171,8 +191,9 @@ def _segments_legend(batch: PackedBatch, row: int, width: int, paint: _Paint,
         lines.append(f"  ... {len(occ) - limit} more segments")
     valid = int(batch.valid_lengths[row])
     if valid < batch.capacity:
-        lines.append(f"  {paint.segment(PAD_GLYPH * 2, -1)} padding: columns "
-                     f"[{valid}, {batch.capacity})")
+        lines.append(
+            f"  {paint.segment(PAD_GLYPH * 2, -1)} padding: columns [{valid}, {batch.capacity})"
+        )
     return lines
 
 
@@ -188,8 +209,11 @@ def _permission(batch: PackedBatch, row: int, width: int, paint: _Paint) -> list
         lines.append(" " * (label + 3) + " ".join(str(c % 10) for c in range(capacity)))
     else:
         most = max(b - a for a, b in pieces)
-        lines += _wrap(f"  (each character covers up to {most} x {most} entries: █ all "
-                       f"allowed, ▒ some, · none)", width)
+        lines += _wrap(
+            f"  (each character covers up to {most} x {most} entries: █ all "
+            f"allowed, ▒ some, · none)",
+            width,
+        )
     for q0, q1 in pieces:
         segment = _dominant(batch.segments[row, q0:q1])
         cells = []
@@ -207,8 +231,14 @@ def _permission(batch: PackedBatch, row: int, width: int, paint: _Paint) -> list
     return lines
 
 
-def batch_text(batch: PackedBatch, *, row: int = 0, title: str = "batch", width: int = 100,
-               colour: bool = False) -> str:
+def batch_text(
+    batch: PackedBatch,
+    *,
+    row: int = 0,
+    title: str = "batch",
+    width: int = 100,
+    colour: bool = False,
+) -> str:
     """The terminal picture of ``batch`` (see the module docstring), at most ``width``
     columns wide when colour codes are not counted. ``row`` is the row shown in detail."""
     _check_row(batch, row)
@@ -217,30 +247,42 @@ def batch_text(batch: PackedBatch, *, row: int = 0, title: str = "batch", width:
     paint = _Paint(colour)
     b = batch.binding
     lines = [paint.bold(line) for line in _wrap(_header(batch, title), width)]
-    lines += _wrap(f"binding: vocab_size {b.vocab_size}, tokenizer {b.tokenizer}, "
-                   f"split_receipt {b.split_receipt}, partition {b.partition}", width)
+    lines += _wrap(
+        f"binding: vocab_size {b.vocab_size}, tokenizer {b.tokenizer}, "
+        f"split_receipt {b.split_receipt}, partition {b.partition}",
+        width,
+    )
     lines.append("")
     per_row = documents_per_row(batch)
     label = len(str(batch.rows - 1))
     tail = len(f"  {max(per_row, default=0)} docs  {batch.capacity}/{batch.capacity}")
     slots = width - (8 + label) - tail  # "> row R  " before the strip
     cells_per_char = -(-batch.capacity // min(batch.capacity, slots))
-    scale = "one character per cell" if cells_per_char == 1 else \
-        f"one character per {cells_per_char} cells, the most common segment"
-    lines += _wrap(f"rows ({scale}; {GLYPHS[0]}/{GLYPHS[1]} alternate segments, "
-                   f"{PAD_GLYPH} padding)", width)
+    scale = (
+        "one character per cell"
+        if cells_per_char == 1
+        else f"one character per {cells_per_char} cells, the most common segment"
+    )
+    lines += _wrap(
+        f"rows ({scale}; {GLYPHS[0]}/{GLYPHS[1]} alternate segments, {PAD_GLYPH} padding)", width
+    )
     for r in range(batch.rows):
         docs = f"{per_row[r]} doc{'s' if per_row[r] != 1 else ' '}"
         mark = ">" if r == row else " "
-        lines.append(f"{mark} row {str(r).rjust(label)}  {_strip(batch, r, slots, paint)}  "
-                     f"{docs}  {int(batch.valid_lengths[r])}/{batch.capacity}")
+        lines.append(
+            f"{mark} row {str(r).rjust(label)}  {_strip(batch, r, slots, paint)}  "
+            f"{docs}  {int(batch.valid_lengths[r])}/{batch.capacity}"
+        )
     lines += ["", f"row {row}: cells"]
     lines += _cells_table(batch, row, width, paint)
     lines += ["", f"row {row}: segments"]
     lines += _segments_legend(batch, row, width, paint)
     lines.append("")
-    lines += _wrap(f"row {row}: permission({row}), query down, key across "
-                   f"(■ allowed: same segment, key not later; · not)", width)
+    lines += _wrap(
+        f"row {row}: permission({row}), query down, key across "
+        f"(■ allowed: same segment, key not later; · not)",
+        width,
+    )
     lines += _permission(batch, row, width, paint)
     return "\n".join(lines) + "\n"
 
@@ -282,7 +324,7 @@ def png_size(rows: int) -> tuple[int, int]:
 
 
 def _rgb(hex_colour: str) -> tuple[float, float, float]:
-    return tuple(int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5))  # type: ignore[return-value]
+    return tuple(int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5))  # type: ignore[return-value]
 
 
 def segment_rgb(segment: int) -> tuple[float, float, float]:
@@ -305,8 +347,9 @@ def _import_pyplot() -> Any:
     return plt
 
 
-def batch_png(batch: PackedBatch, path: str | Path, *, row: int = 0, title: str = "batch"
-              ) -> PngLayout:
+def batch_png(
+    batch: PackedBatch, path: str | Path, *, row: int = 0, title: str = "batch"
+) -> PngLayout:
     """Write the picture of ``batch`` to ``path`` (PNG) and say where its parts are.
 
     Top: every row, one box per cell in its segment's colour, padding grey, a black line
@@ -319,38 +362,58 @@ def batch_png(batch: PackedBatch, path: str | Path, *, row: int = 0, title: str 
     rows, capacity = batch.rows, batch.capacity
     width_px, height_px = png_size(rows)
     width_in, height_in = width_px / DPI, height_px / DPI
-    palette = np.array([segment_rgb(s) for s in range(len(SEGMENT_COLOURS))] +
-                       [segment_rgb(-1)])  # index -1 is padding
+    palette = np.array(
+        [segment_rgb(s) for s in range(len(SEGMENT_COLOURS))] + [segment_rgb(-1)]
+    )  # index -1 is padding
     seg = batch.segments
     cells_rgb = palette[np.where(seg < 0, -1, seg % len(SEGMENT_COLOURS))]
     allowed = batch.permission(row)
     query_seg = np.broadcast_to(seg[row][:, None], allowed.shape)
     both_valid = batch.input_valid[row][:, None] & batch.input_valid[row][None, :]
     perm_rgb = np.where(
-        allowed[..., None], palette[np.where(query_seg < 0, -1, query_seg % len(SEGMENT_COLOURS))],
-        np.where(both_valid[..., None], np.array(_rgb(DENIED_COLOUR)), palette[-1]))
+        allowed[..., None],
+        palette[np.where(query_seg < 0, -1, query_seg % len(SEGMENT_COLOURS))],
+        np.where(both_valid[..., None], np.array(_rgb(DENIED_COLOUR)), palette[-1]),
+    )
 
     figure = plt.figure(figsize=(width_in, height_in), dpi=DPI)
     try:
         grid_w = width_in - LEFT_IN - RIGHT_IN
         grid_h = rows * ROW_HEIGHT_IN
-        grid = figure.add_axes((LEFT_IN / width_in, 1 - (TOP_IN + grid_h) / height_in,
-                                grid_w / width_in, grid_h / height_in))
-        grid.imshow(cells_rgb, aspect="auto", interpolation="nearest",
-                    extent=(0, capacity, rows, 0))
+        grid = figure.add_axes(
+            (
+                LEFT_IN / width_in,
+                1 - (TOP_IN + grid_h) / height_in,
+                grid_w / width_in,
+                grid_h / height_in,
+            )
+        )
+        grid.imshow(
+            cells_rgb, aspect="auto", interpolation="nearest", extent=(0, capacity, rows, 0)
+        )
         per_row = documents_per_row(batch)
-        grid.set_yticks([r + 0.5 for r in range(rows)],
-                        [f"row {r}: {per_row[r]} doc{'s' if per_row[r] != 1 else ''}, "
-                         f"{int(batch.valid_lengths[r])}/{capacity}" for r in range(rows)],
-                        fontsize=8)
+        grid.set_yticks(
+            [r + 0.5 for r in range(rows)],
+            [
+                f"row {r}: {per_row[r]} doc{'s' if per_row[r] != 1 else ''}, "
+                f"{int(batch.valid_lengths[r])}/{capacity}"
+                for r in range(rows)
+            ],
+            fontsize=8,
+        )
         grid.set_xlabel("column", fontsize=8)
         grid.tick_params(axis="x", labelsize=7)
         line_width = 3 * 72 / DPI  # 3 pixels, in points
         for r in range(rows):
             columns = np.flatnonzero(seg[r, 1:] != seg[r, :-1]) + 1
             for column in columns:
-                grid.plot([column, column], [r, r + 1], color=BOUNDARY_COLOUR,
-                          linewidth=line_width, solid_capstyle="butt")
+                grid.plot(
+                    [column, column],
+                    [r, r + 1],
+                    color=BOUNDARY_COLOUR,
+                    linewidth=line_width,
+                    solid_capstyle="butt",
+                )
             if r:
                 grid.axhline(r, color="#ffffff", linewidth=line_width)
         if capacity <= ANNOTATE_MAX_CAPACITY:
@@ -364,23 +427,34 @@ def batch_png(batch: PackedBatch, path: str | Path, *, row: int = 0, title: str 
                     grid.text(c + 0.5, r + 0.5, text, ha="center", va="center", fontsize=7)
         grid.set_xlim(0, capacity)
         grid.set_ylim(rows, 0)
-        figure.text(0.5, 1 - 0.3 / height_in, _header(batch, title), ha="center", va="center",
-                    fontsize=9)
-        figure.text(0.5, 1 - 0.6 / height_in,
-                    "cells coloured by segment (consecutive segments differ), grey = padding, "
-                    "black line = segment boundary" +
-                    ("; each cell: input→target, position" if capacity <= ANNOTATE_MAX_CAPACITY
-                     else ""), ha="center", va="center", fontsize=8)
+        figure.text(
+            0.5, 1 - 0.3 / height_in, _header(batch, title), ha="center", va="center", fontsize=9
+        )
+        figure.text(
+            0.5,
+            1 - 0.6 / height_in,
+            "cells coloured by segment (consecutive segments differ), grey = padding, "
+            "black line = segment boundary"
+            + ("; each cell: input→target, position" if capacity <= ANNOTATE_MAX_CAPACITY else ""),
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
 
         side = min(PERMISSION_HEIGHT_IN, grid_w)
         perm_left = LEFT_IN + (grid_w - side) / 2
         perm_bottom = BOTTOM_IN + (PERMISSION_HEIGHT_IN - side)
-        perm = figure.add_axes((perm_left / width_in, perm_bottom / height_in,
-                                side / width_in, side / height_in))
-        perm.imshow(perm_rgb, aspect="auto", interpolation="nearest",
-                    extent=(0, capacity, capacity, 0))
-        perm.set_title(f"row {row}: permission({row}), query (down) may use key (across); "
-                       "colour = allowed, white = denied, grey = padding", fontsize=8)
+        perm = figure.add_axes(
+            (perm_left / width_in, perm_bottom / height_in, side / width_in, side / height_in)
+        )
+        perm.imshow(
+            perm_rgb, aspect="auto", interpolation="nearest", extent=(0, capacity, capacity, 0)
+        )
+        perm.set_title(
+            f"row {row}: permission({row}), query (down) may use key (across); "
+            "colour = allowed, white = denied, grey = padding",
+            fontsize=8,
+        )
         perm.set_xlabel("key column", fontsize=8)
         perm.set_ylabel("query column", fontsize=8)
         perm.tick_params(labelsize=7)
@@ -392,8 +466,14 @@ def batch_png(batch: PackedBatch, path: str | Path, *, row: int = 0, title: str 
             x0, y0, x1, y1 = axes.get_position().extents  # figure fractions, origin bottom
             return (x0 * width_px, (1 - y1) * height_px, x1 * width_px, (1 - y0) * height_px)
 
-        return PngLayout(width=width_px, height=height_px, cells=box(grid),
-                         permission=box(perm), rows=rows, capacity=capacity)
+        return PngLayout(
+            width=width_px,
+            height=height_px,
+            cells=box(grid),
+            permission=box(perm),
+            rows=rows,
+            capacity=capacity,
+        )
     finally:
         plt.close(figure)
 
@@ -406,8 +486,7 @@ def save_batch(batch: PackedBatch, path: str | Path) -> None:
     meta = {"binding": batch.binding.as_dict(), "filler": bool(batch.filler)}
     arrays = {name: getattr(batch, name) for name in batch.ARRAY_FIELDS}
     with open(path, "wb") as handle:
-        np.savez(handle, occurrences=batch.occurrences, meta=np.array(json.dumps(meta)),
-                 **arrays)
+        np.savez(handle, occurrences=batch.occurrences, meta=np.array(json.dumps(meta)), **arrays)
 
 
 def load_batch(path: str | Path) -> PackedBatch:
@@ -421,5 +500,9 @@ def load_batch(path: str | Path) -> PackedBatch:
         raise InvalidConfig(f"{str(path)!r} is not a batch saved by streampack: {exc}") from None
     if occurrences.dtype != OCCURRENCE_DTYPE:
         raise InvalidConfig(f"{str(path)!r}: occurrences have dtype {occurrences.dtype}")
-    return PackedBatch(**arrays, occurrences=occurrences, binding=Binding(**meta["binding"]),
-                       filler=bool(meta["filler"]))
+    return PackedBatch(
+        **arrays,
+        occurrences=occurrences,
+        binding=Binding(**meta["binding"]),
+        filler=bool(meta["filler"]),
+    )

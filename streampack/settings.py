@@ -132,21 +132,29 @@ def check_output_path(field: str, path: str) -> None:
     target = Path(path)
     folder = target.parent
     if not folder.is_dir():
-        raise InvalidConfig(f"{field} = {path!r}: directory {str(folder)!r} does not exist; "
-                            f"expected a file path in an existing, writable directory")
+        raise InvalidConfig(
+            f"{field} = {path!r}: directory {str(folder)!r} does not exist; "
+            f"expected a file path in an existing, writable directory"
+        )
     if target.is_dir() or not os.access(target if target.exists() else folder, os.W_OK):
-        raise InvalidConfig(f"{field} = {path!r} is not writable; expected a file path in an "
-                            f"existing, writable directory")
+        raise InvalidConfig(
+            f"{field} = {path!r} is not writable; expected a file path in an "
+            f"existing, writable directory"
+        )
 
 
-def check_number(field: str, value: Any, *, minimum: float, integer: bool = False,
-                 inclusive: bool = True) -> None:
+def check_number(
+    field: str, value: Any, *, minimum: float, integer: bool = False, inclusive: bool = True
+) -> None:
     """Refuse ``value`` unless it is a number (an integer with ``integer``) at least
     ``minimum`` (above it when not ``inclusive``); NaN is refused too."""
     kind, types = ("an integer", int) if integer else ("a number", (int, float))
     bound = ">=" if inclusive else ">"
-    if (isinstance(value, bool) or not isinstance(value, types)
-            or not (value >= minimum if inclusive else value > minimum)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, types)
+        or not (value >= minimum if inclusive else value > minimum)
+    ):
         raise InvalidConfig(f"{field} = {value!r} must be {kind} {bound} {minimum}")
 
 
@@ -155,13 +163,18 @@ def _check_int(field: str, value: Any, *, minimum: int) -> None:
 
 
 def _check_metrics(port: Any, address: Any) -> None:
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
-                             or not 0 <= port <= 65535):
-        raise InvalidConfig(f"metrics_port = {port!r} must be a TCP port in 0..65535 "
-                            f"(0: any free port), or unset to serve no metrics")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+    ):
+        raise InvalidConfig(
+            f"metrics_port = {port!r} must be a TCP port in 0..65535 "
+            f"(0: any free port), or unset to serve no metrics"
+        )
     if not isinstance(address, str) or not address:
-        raise InvalidConfig(f"metrics_address = {address!r} must be an IP address or host "
-                            f"name, e.g. 127.0.0.1 or 0.0.0.0")
+        raise InvalidConfig(
+            f"metrics_address = {address!r} must be an IP address or host "
+            f"name, e.g. 127.0.0.1 or 0.0.0.0"
+        )
 
 
 def _check_float(field: str, value: Any, *, minimum: float) -> None:
@@ -211,9 +224,14 @@ class ProducerSettings:
     def pack_config(self) -> PackConfig:
         """The ``PackConfig`` every window is packed with (and a worker's plan checked
         against)."""
-        return PackConfig(capacity=self.capacity, max_rows_per_batch=self.max_rows_per_batch,
-                          max_cells=self.max_cells, max_metadata_bytes=self.max_metadata_bytes,
-                          policy=self.policy, open_rows=self.open_rows)
+        return PackConfig(
+            capacity=self.capacity,
+            max_rows_per_batch=self.max_rows_per_batch,
+            max_cells=self.max_cells,
+            max_metadata_bytes=self.max_metadata_bytes,
+            policy=self.policy,
+            open_rows=self.open_rows,
+        )
 
     def __post_init__(self) -> None:
         _check_metrics(self.metrics_port, self.metrics_address)
@@ -344,7 +362,9 @@ FIELD_HELP: dict[str, str] = {
 S = TypeVar("S")
 
 _SECTIONS: dict[type, str] = {
-    ProducerSettings: "producer", WorkerSettings: "worker", ConsumerSettings: "consumer"
+    ProducerSettings: "producer",
+    WorkerSettings: "worker",
+    ConsumerSettings: "consumer",
 }
 
 
@@ -429,12 +449,16 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ..
         help_text = f"{FIELD_HELP.get(field.name, '')} (default: {default})"
         if field.name in FIELD_ENV:
             help_text += f"; the environment variable {FIELD_ENV[field.name]} may give it"
-            parser.add_argument(flag, dest=field.name, default=env_default(field.name),
-                                help=help_text)
+            parser.add_argument(
+                flag, dest=field.name, default=env_default(field.name), help=help_text
+            )
             continue
         if field.type in ("bool", bool):
             parser.add_argument(
-                flag, dest=field.name, default=None, action=argparse.BooleanOptionalAction,
+                flag,
+                dest=field.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
                 help=help_text,
             )
             continue

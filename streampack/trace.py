@@ -167,7 +167,8 @@ def trace(path: Path) -> dict[str, Any]:
             "document_mean": round(document_mean(logits, batch), LOSS_DECIMALS),
             "tolerance": fixture["loss_tolerance"],
         },
-        "stats": stats | {
+        "stats": stats
+        | {
             "padding_fraction": round(stats["padding_fraction"], LOSS_DECIMALS),
             "valid_density": round(stats["valid_density"], LOSS_DECIMALS),
             "edge_density": round(stats["edge_density"], LOSS_DECIMALS),
@@ -178,7 +179,8 @@ def trace(path: Path) -> dict[str, Any]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--fixture", default=None,
+        "--fixture",
+        default=None,
         help="worked-example input.json (default: fixtures/seed/input.json)",
     )
 

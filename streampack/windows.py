@@ -49,6 +49,7 @@ REASONS = (
     "malformed",
 )
 
+
 @dataclasses.dataclass
 class Window:
     """One cut window after screening: the arrays a worker packs, plus what was dropped."""
@@ -97,9 +98,13 @@ class Window:
 
         if self.whole_documents:
             return self.tokens[self.offsets[first] : self.offsets[last]]
-        tokens, _ = select_tokens(self.tokens, self.offsets,
-                                  np.arange(first, last, dtype=np.int64),
-                                  self.start[first:last], self.stop[first:last])
+        tokens, _ = select_tokens(
+            self.tokens,
+            self.offsets,
+            np.arange(first, last, dtype=np.int64),
+            self.start[first:last],
+            self.stop[first:last],
+        )
         return tokens
 
     def batch_tokens(self, ordinals: np.ndarray) -> np.ndarray:
@@ -112,8 +117,9 @@ class Window:
         first = int(ordinals[0]) if len(ordinals) else 0
         if np.array_equal(ordinals, np.arange(first, first + len(ordinals))):
             return self.selected_tokens(first, first + len(ordinals))
-        tokens, _ = select_tokens(self.tokens, self.offsets, ordinals, self.start[ordinals],
-                                  self.stop[ordinals])
+        tokens, _ = select_tokens(
+            self.tokens, self.offsets, ordinals, self.start[ordinals], self.stop[ordinals]
+        )
         return tokens
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -168,8 +174,12 @@ def _cut(lengths: np.ndarray, spec: CutSpec) -> int:
 
 
 def _window_lengths(
-    source: RandomAccessReader, order: np.ndarray | EpochOrder | None, position: int, end: int,
-    window_tokens: int, first_chunk: int = 256,
+    source: RandomAccessReader,
+    order: np.ndarray | EpochOrder | None,
+    position: int,
+    end: int,
+    window_tokens: int,
+    first_chunk: int = 256,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Ids and lengths of documents ``position..end`` of the epoch's order, read in
     doubling chunks (from ``first_chunk``) only until ``window_tokens`` is passed:
@@ -203,8 +213,7 @@ def _random_access_windows(
     source: RandomAccessReader, epoch: int, spec: CutSpec, start_window: int
 ) -> Iterator[Window]:
     if isinstance(source, MixtureReader):
-        order: np.ndarray | EpochOrder | None = source.epoch_order(epoch, spec.shuffle,
-                                                                   spec.seed)
+        order: np.ndarray | EpochOrder | None = source.epoch_order(epoch, spec.shuffle, spec.seed)
     else:
         order = permutation(source.num_documents, spec.seed, epoch) if spec.shuffle else None
     n = source.num_documents if order is None else len(order)
@@ -214,8 +223,9 @@ def _random_access_windows(
     while position < n:
         end = min(n, position + spec.window_documents)
         # The last window's size is a good first guess: usually one read suffices.
-        ids, lengths = _window_lengths(source, order, position, end, spec.window_tokens,
-                                       first_chunk=k + k // 4 + 16)
+        ids, lengths = _window_lengths(
+            source, order, position, end, spec.window_tokens, first_chunk=k + k // 4 + 16
+        )
         k = _cut(lengths, spec)
         ids, lengths = ids[:k], lengths[:k]
         position += k
@@ -232,8 +242,10 @@ def _random_access_windows(
                 stops=lengths.copy(),
                 source_ids=ids,
                 example_ids=ids,
-                premarked=[(i, "wrong_dtype", "stored tokens are not of an accepted integer dtype")
-                           for i in np.flatnonzero(~dtype_ok).tolist()],
+                premarked=[
+                    (i, "wrong_dtype", "stored tokens are not of an accepted integer dtype")
+                    for i in np.flatnonzero(~dtype_ok).tolist()
+                ],
                 locate=source.location,
                 **_mixture_fields(source, ids),
             )
@@ -261,9 +273,7 @@ def _sequential_windows(
     def flush() -> Window | None:
         if index < start_window:
             return None
-        lengths = np.array(
-            [0 if r.tokens is None else len(r.tokens) for r in held], dtype=np.int64
-        )
+        lengths = np.array([0 if r.tokens is None else len(r.tokens) for r in held], dtype=np.int64)
         tokens = np.concatenate(
             [r.tokens for r in held if r.tokens is not None] or [np.zeros(0, np.int64)]
         )
@@ -280,8 +290,7 @@ def _sequential_windows(
             stops=np.array([r.stop for r in held], dtype=np.int64),
             source_ids=source_ids,
             example_ids=np.array([r.example_id for r in held], dtype=np.int64),
-            premarked=[(i, r.reason, r.detail) for i, r in enumerate(held)
-                       if r.reason is not None],
+            premarked=[(i, r.reason, r.detail) for i, r in enumerate(held) if r.reason is not None],
             locate=by_id.__getitem__,
             **_mixture_fields(source, source_ids),
         )
@@ -355,10 +364,16 @@ def _screen(
     reasons: dict[int, tuple[str, str]] = {i: (reason, detail) for i, reason, detail in premarked}
     checks = (
         ("too_short", too_short, lambda i: f"range has {span[i]} token(s); at least 2 needed"),
-        ("too_long", too_long,
-         lambda i: f"range has {span[i]} tokens; at most capacity + 1 = {capacity + 1} fit"),
-        ("out_of_vocabulary", out_of_vocabulary,
-         lambda i: f"tokens span [{lo[i]}, {hi[i]}]; vocabulary is [0, {vocab_size})"),
+        (
+            "too_long",
+            too_long,
+            lambda i: f"range has {span[i]} tokens; at most capacity + 1 = {capacity + 1} fit",
+        ),
+        (
+            "out_of_vocabulary",
+            out_of_vocabulary,
+            lambda i: f"tokens span [{lo[i]}, {hi[i]}]; vocabulary is [0, {vocab_size})",
+        ),
     )
     for name, bad, describe in checks:
         if bad is None:
@@ -391,10 +406,19 @@ def _screen(
         kept_lengths = lengths
     documents_split = pairs_cut = 0
     if len(starts) and int((stops - starts).max()) > capacity + 1:
-        (tokens, kept_lengths, starts, stops, source_ids, example_ids, source_index,
-         documents_split, pairs_cut) = _split_long(
-            tokens, kept_lengths, starts, stops, source_ids, example_ids, source_index,
-            capacity + 1)
+        (
+            tokens,
+            kept_lengths,
+            starts,
+            stops,
+            source_ids,
+            example_ids,
+            source_index,
+            documents_split,
+            pairs_cut,
+        ) = _split_long(
+            tokens, kept_lengths, starts, stops, source_ids, example_ids, source_index, capacity + 1
+        )
     offsets = np.zeros(len(kept_lengths) + 1, np.int64)
     np.cumsum(kept_lengths, out=offsets[1:])
     return Window(
@@ -417,8 +441,13 @@ def _screen(
 
 
 def _split_long(
-    tokens: np.ndarray, lengths: np.ndarray, starts: np.ndarray, stops: np.ndarray,
-    source_ids: np.ndarray, example_ids: np.ndarray, source_index: np.ndarray | None,
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    starts: np.ndarray,
+    stops: np.ndarray,
+    source_ids: np.ndarray,
+    example_ids: np.ndarray,
+    source_index: np.ndarray | None,
     limit: int,
 ) -> tuple[Any, ...]:
     """Replace each document whose range exceeds ``limit`` tokens by its ranges
@@ -443,7 +472,14 @@ def _split_long(
     new_starts[is_piece] = 0
     new_stops[is_piece] = length[is_piece]
     gather = np.repeat(first - (np.cumsum(length) - length), length) + np.arange(int(length.sum()))
-    return (tokens[gather], length, new_starts, new_stops, source_ids[source_doc],
-            example_ids[source_doc],
-            None if source_index is None else source_index[source_doc],
-            len(long), int(cut.sum()))
+    return (
+        tokens[gather],
+        length,
+        new_starts,
+        new_stops,
+        source_ids[source_doc],
+        example_ids[source_doc],
+        None if source_index is None else source_index[source_doc],
+        len(long),
+        int(cut.sum()),
+    )

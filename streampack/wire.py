@@ -107,8 +107,13 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
     "ready": ((("credit", _INT), ("needs_tokens", _BOOL)), ()),
     "heartbeat": ((("free", _INT), ("needs_tokens", _BOOL)), ()),
     "window": (
-        (("epoch", _INT), ("window", _INT), ("binding", _MAP), ("config", _MAP),
-         ("with_tokens", _BOOL)),
+        (
+            ("epoch", _INT),
+            ("window", _INT),
+            ("binding", _MAP),
+            ("config", _MAP),
+            ("with_tokens", _BOOL),
+        ),
         WINDOW_FRAMES,
     ),
     "packed": (
@@ -125,8 +130,14 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
     ),
     "failed": ((("epoch", _INT), ("window", _INT), ("error", _STR)), ()),
     "fetch": (
-        (("rank", _INT), ("world_size", _INT), ("epoch", _INT), ("index", _INT), ("count", _INT),
-         ("base", _INT)),
+        (
+            ("rank", _INT),
+            ("world_size", _INT),
+            ("epoch", _INT),
+            ("index", _INT),
+            ("count", _INT),
+            ("base", _INT),
+        ),
         (),
     ),
     "batch": (
@@ -229,10 +240,14 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     _FLOAT: (int, float),
 }
 # Per kind: every header key, and (name, accepted types) per field, for decode's loop.
-_HEADER_KEYS = {kind: frozenset({"v", "k", "f", *(name for name, _ in schema)})
-                for kind, (schema, _) in KINDS.items()}
-_FIELD_CHECKS = {kind: tuple((name, _FIELD_TYPES[kind_of]) for name, kind_of in schema)
-                 for kind, (schema, _) in KINDS.items()}
+_HEADER_KEYS = {
+    kind: frozenset({"v", "k", "f", *(name for name, _ in schema)})
+    for kind, (schema, _) in KINDS.items()
+}
+_FIELD_CHECKS = {
+    kind: tuple((name, _FIELD_TYPES[kind_of]) for name, kind_of in schema)
+    for kind, (schema, _) in KINDS.items()
+}
 
 
 def _check_field(kind: str, name: str, kind_of: str, value: Any) -> None:
@@ -314,13 +329,16 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
     if not frames:
         raise ProtocolError("empty message: expected a header frame")
     if len(frames) > 1 + _MAX_FRAMES:
-        raise ProtocolError(f"message of {len(frames)} frames; no kind has more than "
-                            f"{_MAX_FRAMES} array frames")
+        raise ProtocolError(
+            f"message of {len(frames)} frames; no kind has more than {_MAX_FRAMES} array frames"
+        )
     buffers = [_buffer(frame) for frame in frames]
     total = sum(buffer.nbytes for buffer in buffers)
     if total > limits.max_message_bytes:
-        raise ProtocolError(f"message of {total} bytes in {len(frames)} frames exceeds "
-                            f"max_message_bytes={limits.max_message_bytes}")
+        raise ProtocolError(
+            f"message of {total} bytes in {len(frames)} frames exceeds "
+            f"max_message_bytes={limits.max_message_bytes}"
+        )
     head = buffers[0]
     if head.nbytes > limits.max_header_bytes:
         raise ProtocolError(
@@ -392,8 +410,7 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
             expected *= n
             if expected > limits.max_frame_bytes:
                 raise ProtocolError(
-                    f"frame {name!r} shape {shape} exceeds max_frame_bytes="
-                    f"{limits.max_frame_bytes}"
+                    f"frame {name!r} shape {shape} exceeds max_frame_bytes={limits.max_frame_bytes}"
                 )
         if buffer.nbytes != expected:
             raise ProtocolError(
@@ -511,10 +528,12 @@ def attach(socket: Any, endpoint: str, *, field: str, bind: bool) -> None:
             socket.connect(endpoint)
     except zmq.ZMQError as exc:
         socket.close(linger=0)
-        hint = ("; choose a free port or stop the process using it"
-                if exc.errno == zmq.EADDRINUSE else "")
+        hint = (
+            "; choose a free port or stop the process using it"
+            if exc.errno == zmq.EADDRINUSE
+            else ""
+        )
         verb = "bind" if bind else "connect to"
         raise InvalidConfig(
             f"{field} = {endpoint!r}: cannot {verb} it: {zmq.strerror(exc.errno or 0)}{hint}"
         ) from None
-

@@ -35,8 +35,11 @@ def packed(capacity: int, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray
     the dense ``PackedBatch.permission`` of every row, bool [rows, capacity, capacity].
     """
     filled = [row for row in rows if row]
-    docs = [np.arange(length + 1, dtype=np.int32) % BINDING.vocab_size for row in filled
-            for length in row]
+    docs = [
+        np.arange(length + 1, dtype=np.int32) % BINDING.vocab_size
+        for row in filled
+        for length in row
+    ]
     batch = pack_examples(
         Examples.from_documents(docs),
         BINDING,

@@ -30,11 +30,16 @@ class Harness:
         self.unreachable: set[bytes] = set()
         self.log: list[str] = []
         self.coordinator = Coordinator(
-            self.settings, open_corpus(self.settings.corpus),
-            send_worker=self._deliver, send_consumer=self._deliver, log=self.log.append)
+            self.settings,
+            open_corpus(self.settings.corpus),
+            send_worker=self._deliver,
+            send_consumer=self._deliver,
+            log=self.log.append,
+        )
 
-    def _deliver(self, identity: bytes, kind: str, fields: dict[str, Any],
-                 arrays: dict[str, Any] | None) -> bool:
+    def _deliver(
+        self, identity: bytes, kind: str, fields: dict[str, Any], arrays: dict[str, Any] | None
+    ) -> bool:
         if identity in self.unreachable:
             return False
         frames = [bytes(frame) for frame in wire.encode(kind, fields, arrays)]
@@ -47,18 +52,40 @@ class Harness:
 
     # -- peers ---------------------------------------------------------------------
 
-    def from_worker(self, identity: bytes, kind: str, fields: dict[str, Any],
-                    arrays: dict[str, Any] | None = None) -> None:
+    def from_worker(
+        self,
+        identity: bytes,
+        kind: str,
+        fields: dict[str, Any],
+        arrays: dict[str, Any] | None = None,
+    ) -> None:
         self.coordinator.on_worker(identity, wire.encode(kind, fields, arrays), self.now)
 
     def from_consumer(self, identity: bytes, kind: str, fields: dict[str, Any]) -> None:
         self.coordinator.on_consumer(identity, wire.encode(kind, fields), self.now)
 
-    def fetch(self, identity: bytes, rank: int, world_size: int, epoch: int, index: int,
-              count: int = 1, base: int = 0) -> None:
-        self.from_consumer(identity, "fetch", {"rank": rank, "world_size": world_size,
-                                               "epoch": epoch, "index": index, "count": count,
-                                               "base": base})
+    def fetch(
+        self,
+        identity: bytes,
+        rank: int,
+        world_size: int,
+        epoch: int,
+        index: int,
+        count: int = 1,
+        base: int = 0,
+    ) -> None:
+        self.from_consumer(
+            identity,
+            "fetch",
+            {
+                "rank": rank,
+                "world_size": world_size,
+                "epoch": epoch,
+                "index": index,
+                "count": count,
+                "base": base,
+            },
+        )
 
     def join(self, identity: bytes, credit: int = 2) -> None:
         self.from_worker(identity, "ready", {"credit": credit, "needs_tokens": False})
@@ -79,16 +106,27 @@ class Harness:
     def honest_plan(window: wire.Message) -> dict[str, Any]:
         """What a correct worker answers: the plan of ``plan_ranges``."""
         a = window.arrays
-        occurrences, sizes = plan_ranges(a["offsets"], a["start"], a["stop"], a["source_id"],
-                                         a["example_id"], pack_config_from_wire(
-                                             window.fields["config"]))
+        occurrences, sizes = plan_ranges(
+            a["offsets"],
+            a["start"],
+            a["stop"],
+            a["source_id"],
+            a["example_id"],
+            pack_config_from_wire(window.fields["config"]),
+        )
         return {"occurrences": occurrences, "batch_sizes": sizes}
 
     @staticmethod
     def packed_fields(window: wire.Message, **overrides: Any) -> dict[str, Any]:
-        return {"epoch": window.fields["epoch"], "window": window.fields["window"],
-                "capacity": window.fields["config"]["capacity"], "seconds": 0.001,
-                "audited": 0, "audit_failures": 0, "audit_error": ""} | overrides
+        return {
+            "epoch": window.fields["epoch"],
+            "window": window.fields["window"],
+            "capacity": window.fields["config"]["capacity"],
+            "seconds": 0.001,
+            "audited": 0,
+            "audit_failures": 0,
+            "audit_error": "",
+        } | overrides
 
     def work(self, identity: bytes, limit: int | None = None) -> int:
         """Let worker ``identity`` answer its windows honestly (each answer followed by
@@ -102,8 +140,9 @@ class Harness:
                 if not windows:
                     return answered
             for window in windows:
-                self.from_worker(identity, "packed", self.packed_fields(window),
-                                 self.honest_plan(window))
+                self.from_worker(
+                    identity, "packed", self.packed_fields(window), self.honest_plan(window)
+                )
                 self.from_worker(identity, "ready", {"credit": 1, "needs_tokens": False})
                 answered += 1
             self.step()
@@ -114,13 +153,21 @@ class Harness:
         out = []
         for message in self.take(identity, "batch"):
             batch = wire.batch_from_message(message)
-            out.append((message.fields["epoch"], message.fields["index"],
-                        batch.expand().digest()))
+            out.append((message.fields["epoch"], message.fields["index"], batch.expand().digest()))
         return out
 
-    def drain(self, identity: bytes, rank: int, world_size: int, *, epoch: int = 0,
-              index: int | None = None, workers: tuple[bytes, ...] = (b"w1",),
-              prefetch: int = 4, until: int | None = None) -> list[tuple[int, int, str]]:
+    def drain(
+        self,
+        identity: bytes,
+        rank: int,
+        world_size: int,
+        *,
+        epoch: int = 0,
+        index: int | None = None,
+        workers: tuple[bytes, ...] = (b"w1",),
+        prefetch: int = 4,
+        until: int | None = None,
+    ) -> list[tuple[int, int, str]]:
         """A consumer as the client behaves: ``prefetch`` outstanding fetches, in order,
         moving to the next epoch at ``epoch_end``, until ``stream_end`` (or ``until``
         batches). Workers pack whenever the consumer waits."""

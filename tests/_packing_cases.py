@@ -25,8 +25,9 @@ def with_policy(pack, policy: str):
     open_rows = BEST_FIT_OPEN_ROWS if policy == "best_fit" else None
 
     def packed(examples, binding, config):
-        return pack(examples, binding,
-                    dataclasses.replace(config, policy=policy, open_rows=open_rows))
+        return pack(
+            examples, binding, dataclasses.replace(config, policy=policy, open_rows=open_rows)
+        )
 
     packed.policy = policy
     return packed

@@ -55,8 +55,9 @@ def command(*args: str) -> list[str]:
 
 
 def start(*args: str, stdout: Any = subprocess.PIPE, stderr: Any = None) -> subprocess.Popen:
-    return subprocess.Popen(command(*args), cwd=ROOT, env=env(), stdout=stdout, stderr=stderr,
-                            text=True)
+    return subprocess.Popen(
+        command(*args), cwd=ROOT, env=env(), stdout=stdout, stderr=stderr, text=True
+    )
 
 
 def wait_healthy(endpoint: str, timeout: float = 60.0, key: str | None = None) -> dict[str, Any]:
@@ -94,9 +95,15 @@ def stop(proc: subprocess.Popen, timeout: float = 15.0) -> str:
 class Service:
     """A producer (``produce`` or ``serve``) on free ports, plus optional workers."""
 
-    def __init__(self, corpus: Path | str, *, serve_workers: int = 0,
-                 worker_endpoint: str | None = None, consumer_endpoint: str | None = None,
-                 **settings: Any) -> None:
+    def __init__(
+        self,
+        corpus: Path | str,
+        *,
+        serve_workers: int = 0,
+        worker_endpoint: str | None = None,
+        consumer_endpoint: str | None = None,
+        **settings: Any,
+    ) -> None:
         self.worker_endpoint = worker_endpoint or f"tcp://127.0.0.1:{free_port()}"
         self.consumer_endpoint = consumer_endpoint or f"tcp://127.0.0.1:{free_port()}"
         self.settings = {"corpus": str(corpus), **SMALL, **settings}
@@ -112,8 +119,10 @@ class Service:
 
     def __enter__(self) -> Service:
         args = flags(self.settings) + [
-            "--worker-endpoint", self.worker_endpoint,
-            "--consumer-endpoint", self.consumer_endpoint,
+            "--worker-endpoint",
+            self.worker_endpoint,
+            "--consumer-endpoint",
+            self.consumer_endpoint,
         ]
         if self.serve_workers:
             self.producer = start("serve", "--workers", str(self.serve_workers), *args)
@@ -123,8 +132,15 @@ class Service:
         return self
 
     def add_worker(self, *extra: str) -> subprocess.Popen:
-        proc = start("worker", "--connect", self.worker_endpoint, "--heartbeat-interval", "0.2",
-                     *extra, stdout=subprocess.DEVNULL)
+        proc = start(
+            "worker",
+            "--connect",
+            self.worker_endpoint,
+            "--heartbeat-interval",
+            "0.2",
+            *extra,
+            stdout=subprocess.DEVNULL,
+        )
         self.workers.append(proc)
         return proc
 
@@ -141,8 +157,19 @@ class Service:
 
 
 def consume(endpoint: str, rank: int, world_size: int, *extra: str) -> subprocess.Popen:
-    return start("consume", "--connect", endpoint, "--rank", str(rank),
-                 "--world-size", str(world_size), "--quiet", "--timeout", "120", *extra)
+    return start(
+        "consume",
+        "--connect",
+        endpoint,
+        "--rank",
+        str(rank),
+        "--world-size",
+        str(world_size),
+        "--quiet",
+        "--timeout",
+        "120",
+        *extra,
+    )
 
 
 def result(proc: subprocess.Popen, timeout: float = 180.0) -> dict[str, Any]:
@@ -164,8 +191,13 @@ def expected(corpus: Path | str, rank: int, world_size: int, **settings: Any) ->
     for epoch, index, batch in rank_stream(ProducerSettings(**merged), rank, world_size):
         digest.update(batch, epoch, index)
         batches.append((epoch, index, batch.digest()))
-    return {"digest": digest.hexdigest(), "batches": digest.batches, "fillers": digest.fillers,
-            "tokens": digest.tokens, "list": batches}
+    return {
+        "digest": digest.hexdigest(),
+        "batches": digest.batches,
+        "fillers": digest.fillers,
+        "tokens": digest.tokens,
+        "list": batches,
+    }
 
 
 def rss_anon_bytes(pid: int) -> int:

@@ -212,9 +212,7 @@ def test_perturbing_one_segment_changes_no_other_segment_bit_for_bit(tiles):
     moved = _cpu(q, k2, v2, d_out, starts, valid, permission, tiles=tiles)
     others = np.ones((2, capacity), bool)
     others[0, target] = False
-    for got, want in zip(
-        (moved[0], moved[1], *moved[2]), (base[0], base[1], *base[2])
-    ):
+    for got, want in zip((moved[0], moved[1], *moved[2]), (base[0], base[1], *base[2])):
         sel = others[:, None, :] if got.ndim == 3 else others[:, None, :, None]
         sel = np.broadcast_to(sel, got.shape)
         np.testing.assert_array_equal(got[sel], want[sel])
@@ -248,7 +246,10 @@ def test_non_contiguous_inputs_are_made_contiguous():
 def test_empty_shapes_return_empty_results():
     shape = (2, 3, 0, 4)
     out, lse = range_attention(
-        np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros((2, 0), np.int32),
+        np.zeros(shape),
+        np.zeros(shape),
+        np.zeros(shape),
+        np.zeros((2, 0), np.int32),
         np.zeros(2, np.int32),
     )
     assert out.shape == shape and lse.shape == (2, 3, 0)
@@ -258,8 +259,9 @@ def _good():
     starts, valid, _ = packed(6, [[3, 2], [4]])
     q, k, v, d_out = random_inputs(2, 1, 6, 2, np.float64, seed=0)
     out, lse = range_attention(q, k, v, starts, valid)
-    return dict(q=q, k=k, v=v, out=out, lse=lse, d_out=d_out, segment_starts=starts,
-                valid_lengths=valid)
+    return dict(
+        q=q, k=k, v=v, out=out, lse=lse, d_out=d_out, segment_starts=starts, valid_lengths=valid
+    )
 
 
 def _set(name, index, value):
@@ -267,56 +269,98 @@ def _set(name, index, value):
         arr = args[name].copy()
         arr[index] = value
         args[name] = arr
+
     return mutate
 
 
 def _replace(name, make):
     def mutate(args):
         args[name] = make(args[name])
+
     return mutate
 
 
 BAD_INPUTS = {
     "start after its query": (
-        _set("segment_starts", (0, 4), 5), InvalidArray, r"segment_starts\[0, 4\] = 5"),
+        _set("segment_starts", (0, 4), 5),
+        InvalidArray,
+        r"segment_starts\[0, 4\] = 5",
+    ),
     "negative start": (
-        _set("segment_starts", (1, 2), -1), InvalidArray, r"segment_starts\[1, 2\] = -1"),
+        _set("segment_starts", (1, 2), -1),
+        InvalidArray,
+        r"segment_starts\[1, 2\] = -1",
+    ),
     "valid length over capacity": (
-        _set("valid_lengths", 1, 7), InvalidArray, r"valid_lengths\[1\] = 7.*0\.\.6"),
+        _set("valid_lengths", 1, 7),
+        InvalidArray,
+        r"valid_lengths\[1\] = 7.*0\.\.6",
+    ),
     "negative valid length": (
-        _set("valid_lengths", 0, -2), InvalidArray, r"valid_lengths\[0\] = -2"),
+        _set("valid_lengths", 0, -2),
+        InvalidArray,
+        r"valid_lengths\[0\] = -2",
+    ),
     "float segment starts": (
-        _replace("segment_starts", lambda a: a.astype(np.float32)), InvalidArray,
-        r"segment_starts has dtype float32"),
+        _replace("segment_starts", lambda a: a.astype(np.float32)),
+        InvalidArray,
+        r"segment_starts has dtype float32",
+    ),
     "segment starts of another capacity": (
-        _replace("segment_starts", lambda a: a[:, :5]), InvalidArray,
-        r"segment_starts has shape \(2, 5\)"),
+        _replace("segment_starts", lambda a: a[:, :5]),
+        InvalidArray,
+        r"segment_starts has shape \(2, 5\)",
+    ),
     "valid lengths of another row count": (
-        _replace("valid_lengths", lambda a: a[:1]), InvalidArray,
-        r"valid_lengths has shape \(1,\)"),
-    "three-dimensional q": (
-        _replace("q", lambda a: a[0]), InvalidArray, r"q has 3 dimensions"),
-    "integer q": (
-        _replace("q", lambda a: a.astype(np.int64)), InvalidArray, r"q has dtype int64"),
+        _replace("valid_lengths", lambda a: a[:1]),
+        InvalidArray,
+        r"valid_lengths has shape \(1,\)",
+    ),
+    "three-dimensional q": (_replace("q", lambda a: a[0]), InvalidArray, r"q has 3 dimensions"),
+    "integer q": (_replace("q", lambda a: a.astype(np.int64)), InvalidArray, r"q has dtype int64"),
     "float16 q": (
-        _replace("q", lambda a: a.astype(np.float16)), InvalidArray, r"q has dtype float16"),
+        _replace("q", lambda a: a.astype(np.float16)),
+        InvalidArray,
+        r"q has dtype float16",
+    ),
     "k of another dtype": (
-        _replace("k", lambda a: a.astype(np.float32)), InvalidArray, r"k has dtype float32"),
+        _replace("k", lambda a: a.astype(np.float32)),
+        InvalidArray,
+        r"k has dtype float32",
+    ),
     "v of another shape": (
-        _replace("v", lambda a: a[:, :, :5]), InvalidArray, r"v has shape \(2, 1, 5, 2\)"),
+        _replace("v", lambda a: a[:, :, :5]),
+        InvalidArray,
+        r"v has shape \(2, 1, 5, 2\)",
+    ),
 }
 
 BAD_BACKWARD_INPUTS = {
     "lse of another shape": (
-        _replace("lse", lambda a: a[:, :, :4]), InvalidArray, r"lse has shape \(2, 1, 4\)"),
+        _replace("lse", lambda a: a[:, :, :4]),
+        InvalidArray,
+        r"lse has shape \(2, 1, 4\)",
+    ),
     "lse of another dtype": (
-        _replace("lse", lambda a: a.astype(np.float32)), InvalidArray, r"lse has dtype float32"),
+        _replace("lse", lambda a: a.astype(np.float32)),
+        InvalidArray,
+        r"lse has dtype float32",
+    ),
     "lse -inf on an active query": (
-        _set("lse", (1, 0, 3), -np.inf), InvalidArray, r"lse\[1, 0, 3\] = -inf"),
+        _set("lse", (1, 0, 3), -np.inf),
+        InvalidArray,
+        r"lse\[1, 0, 3\] = -inf",
+    ),
     "d_out of another shape": (
-        _replace("d_out", lambda a: a[:1]), InvalidArray, r"d_out has shape \(1, 1, 6, 2\)"),
+        _replace("d_out", lambda a: a[:1]),
+        InvalidArray,
+        r"d_out has shape \(1, 1, 6, 2\)",
+    ),
     "out of another dtype": (
-        _replace("out", lambda a: a.astype(np.float32)), InvalidArray, r"out has dtype float32"),
+        _replace("out", lambda a: a.astype(np.float32)),
+        InvalidArray,
+        r"out has dtype float32",
+    ),
 }
 
 

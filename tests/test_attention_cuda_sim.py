@@ -20,9 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_cuda_kernels_pass_the_scenario_suite_under_the_simulator():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH", "")]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cudasim"],
         cwd=ROOT,

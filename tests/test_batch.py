@@ -14,8 +14,9 @@ import streampack as sp
 @pytest.fixture(scope="module")
 def batch() -> sp.PackedBatch:
     examples = sp.Examples.from_documents([A, B, C])
-    return sp.pack_examples(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=2)
-                            ).batches[0]
+    return sp.pack_examples(
+        examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=2)
+    ).batches[0]
 
 
 def test_second_segment_query_is_denied_every_key_of_the_first_c6(batch):
@@ -59,23 +60,36 @@ def test_cu_seqlens_place_every_occurrence_in_the_flat_buffer(batch):
     flat = batch.inputs.ravel()
     lengths = np.diff(layout.cu_seqlens)
     assert [flat[s : s + n].tolist() for s, n in zip(layout.cu_seqlens_padded, lengths)] == [
-        [0, 99, 100], [0, 101], [0, 102, 103, 104]]
+        [0, 99, 100],
+        [0, 101],
+        [0, 102, 103, 104],
+    ]
 
 
 def test_stats_count_cells_targets_and_edges(batch):
     assert batch.stats() == {
-        "rows": 2, "capacity": 6, "cells": 12, "valid_cells": 9, "real_targets": 9,
-        "padding_cells": 3, "padding_fraction": 0.25, "occurrences": 3,
-        "dense_score_positions": 72, "permitted_edges": 3 * 4 // 2 + 2 * 3 // 2 + 4 * 5 // 2,
-        "valid_density": 9 / 12, "edge_density": 19 / 72, "policy": "next_fit",
+        "rows": 2,
+        "capacity": 6,
+        "cells": 12,
+        "valid_cells": 9,
+        "real_targets": 9,
+        "padding_cells": 3,
+        "padding_fraction": 0.25,
+        "occurrences": 3,
+        "dense_score_positions": 72,
+        "permitted_edges": 3 * 4 // 2 + 2 * 3 // 2 + 4 * 5 // 2,
+        "valid_density": 9 / 12,
+        "edge_density": 19 / 72,
+        "policy": "next_fit",
     }
 
 
 def test_check_binding_names_every_difference_c9(batch):
     batch.check_binding(BINDING)
     other = sp.Binding(32000, "fixture-bos0-eos1", "worked-example", "validation")
-    with pytest.raises(sp.BindingMismatch,
-                       match=r"vocab_size: batch has 266, expected 32000; partition"):
+    with pytest.raises(
+        sp.BindingMismatch, match=r"vocab_size: batch has 266, expected 32000; partition"
+    ):
         batch.check_binding(other)
 
 
@@ -114,8 +128,11 @@ def test_expanded_arrays_are_aligned_disjoint_views_of_one_block(rows, capacity)
 
 
 def test_expand_into_a_block_writes_the_same_batch_as_fresh_memory():
-    compact = sp.pack_compact(sp.Examples.from_documents([A, B, C]), BINDING,
-                              sp.PackConfig(capacity=6, max_rows_per_batch=2))[0]
+    compact = sp.pack_compact(
+        sp.Examples.from_documents([A, B, C]),
+        BINDING,
+        sp.PackConfig(capacity=6, max_rows_per_batch=2),
+    )[0]
     block = np.full(compact.expanded_nbytes + 8, 0x7F, np.uint8)  # stale bytes, room over
     reused, fresh = compact.expand(block), compact.expand()
     assert reused.inputs.base is block
@@ -129,8 +146,11 @@ def test_padded_max_seqlen_covers_every_padded_span(seed):
     # [padded[i], padded[i+1]); max_seqlen_padded must bound it (max_seqlen need not).
     rng = np.random.default_rng(seed)
     documents = [[1] * int(n) for n in rng.integers(2, 12, 30)]
-    for batch in sp.pack_examples(sp.Examples.from_documents(documents), BINDING,
-                                  sp.PackConfig(capacity=16, max_rows_per_batch=3)).batches:
+    for batch in sp.pack_examples(
+        sp.Examples.from_documents(documents),
+        BINDING,
+        sp.PackConfig(capacity=16, max_rows_per_batch=3),
+    ).batches:
         layout = batch.cu_seqlens()
         spans = np.diff(layout.cu_seqlens_padded)
         assert layout.max_seqlen_padded == spans.max() >= layout.max_seqlen
@@ -142,8 +162,11 @@ def test_a_check_code_without_a_message_is_an_internal_error(monkeypatch):
     table lacks is a streampack bug (InternalError), never a user-facing InvalidArray."""
     from streampack.kernels import pack_cpu
 
-    compact = sp.pack_compact(sp.Examples.from_documents([A, B, C]), BINDING,
-                              sp.PackConfig(capacity=8, max_rows_per_batch=2))[0]
+    compact = sp.pack_compact(
+        sp.Examples.from_documents([A, B, C]),
+        BINDING,
+        sp.PackConfig(capacity=8, max_rows_per_batch=2),
+    )[0]
     monkeypatch.setattr(pack_cpu, "check_compact", lambda *args: (99, 0))
     with pytest.raises(sp.InternalError, match="code 99"):
         compact.checked(max_cells=1 << 20)

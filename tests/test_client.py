@@ -82,8 +82,14 @@ class FakeProducer:
 
 def filler_frames(epoch, index, binding=BINDING):
     batch = CompactBatch.filler_like(binding, 2, 8)
-    fields = {"epoch": epoch, "index": index, "window": -1, "batch": -1, "filler": True,
-              "binding": wire.binding_to_wire(binding)} | wire.batch_shape(batch)
+    fields = {
+        "epoch": epoch,
+        "index": index,
+        "window": -1,
+        "batch": -1,
+        "filler": True,
+        "binding": wire.binding_to_wire(binding),
+    } | wire.batch_shape(batch)
     return [bytes(f) for f in wire.encode("batch", fields, wire.batch_arrays(batch))]
 
 
@@ -96,8 +102,11 @@ def serve_n(per_rank):
         if epoch >= 1:
             return [wire.encode("stream_end", {"epochs": 1})]
         if index >= per_rank * world:
-            return [wire.encode("epoch_end", {"epoch": 0, "per_rank": per_rank,
-                                              "total": per_rank * world})]
+            return [
+                wire.encode(
+                    "epoch_end", {"epoch": 0, "per_rank": per_rank, "total": per_rank * world}
+                )
+            ]
         return [filler_frames(epoch, index)]
 
     return answer
@@ -167,13 +176,16 @@ def test_bad_cursor_is_refused(fake, state):
 
 def states_after(k, world_size, epoch=0):
     """Every rank's state_dict() after k batches each, at world_size."""
-    return [{"epoch": epoch, "index": k * world_size + r, "rank": r, "world_size": world_size}
-            for r in range(world_size)]
+    return [
+        {"epoch": epoch, "index": k * world_size + r, "rank": r, "world_size": world_size}
+        for r in range(world_size)
+    ]
 
 
 @pytest.mark.parametrize(("saved", "k", "resumed"), [(4, 3, 2), (2, 5, 3), (3, 0, 5), (3, 4, 6)])
 def test_resume_at_another_world_size_starts_each_rank_after_every_consumed_batch(
-        saved, k, resumed):
+    saved, k, resumed
+):
     """Global batches 0..kW-1 were consumed: the new ranks receive kW, kW+1, ... between
     them, each exactly once, whether given every rank's state or one rank's."""
     states = states_after(k, saved, epoch=1)
@@ -184,8 +196,7 @@ def test_resume_at_another_world_size_starts_each_rank_after_every_consumed_batc
 
 
 @settings(max_examples=200, deadline=None)
-@given(total=st.integers(0, 60), saved=st.integers(1, 8), resumed=st.integers(1, 8),
-       data=st.data())
+@given(total=st.integers(0, 60), saved=st.integers(1, 8), resumed=st.integers(1, 8), data=st.data())
 def test_an_elastic_resume_covers_every_real_batch_exactly_once(total, saved, resumed, data):
     """Whatever the sizes: the k batches per rank consumed at ``saved`` ranks, then each
     resumed rank's share from its cursor to the tail (``tail = "fill"``, counted from
@@ -215,8 +226,14 @@ def test_resume_at_the_same_world_size_takes_each_ranks_own_state():
 def test_a_resumed_epoch_can_be_checkpointed_and_resumed_again():
     """4 ranks after 3 batches (12 consumed), then 3 ranks after 2 more each (18): a
     resume at 2 ranks continues at 18 and 19."""
-    first = [dict(zip(("epoch", "base", "index"), resume_cursor(states_after(3, 4), r, 3)),
-                  rank=r, world_size=3) for r in range(3)]
+    first = [
+        dict(
+            zip(("epoch", "base", "index"), resume_cursor(states_after(3, 4), r, 3)),
+            rank=r,
+            world_size=3,
+        )
+        for r in range(3)
+    ]
     assert [s["index"] for s in first] == [12, 13, 14]
     second = [s | {"index": s["index"] + 2 * 3} for s in first]
     assert [resume_cursor(second, r, 2) for r in range(2)] == [(0, 18, 18), (0, 18, 19)]
@@ -225,8 +242,10 @@ def test_a_resumed_epoch_can_be_checkpointed_and_resumed_again():
 @pytest.mark.parametrize(
     ("states", "match"),
     [
-        ([states_after(3, 4)[0], states_after(2, 4)[1], *states_after(3, 4)[2:]],
-         r"different numbers of batches \(rank 0: epoch 0 after 3, rank 1: epoch 0 after 2"),
+        (
+            [states_after(3, 4)[0], states_after(2, 4)[1], *states_after(3, 4)[2:]],
+            r"different numbers of batches \(rank 0: epoch 0 after 3, rank 1: epoch 0 after 2",
+        ),
         (states_after(3, 4)[:3], r"ranks \[0, 1, 2\] of 4; an elastic resume needs exactly one"),
         ([*states_after(1, 2), *states_after(1, 3)], "different world sizes \\[2, 3\\]"),
         ([{"epoch": 0, "index": 0}, {"epoch": 0, "index": 1}], "lacks rank and world_size"),
@@ -277,11 +296,20 @@ def test_bad_arguments_are_refused(kwargs, match):
 
 
 def test_a_stream_from_consumer_settings_takes_every_field():
-    settings = ConsumerSettings(connect="tcp://127.0.0.1:1", prefetch=2, prefetch_bytes=4096,
-                                timeout=5.0, max_message_bytes=8192)
+    settings = ConsumerSettings(
+        connect="tcp://127.0.0.1:1",
+        prefetch=2,
+        prefetch_bytes=4096,
+        timeout=5.0,
+        max_message_bytes=8192,
+    )
     with BatchStream.from_settings(settings, rank=1, world_size=3, binding=BINDING) as stream:
         assert (stream.endpoint, stream.rank, stream.world_size, stream.binding) == (
-            "tcp://127.0.0.1:1", 1, 3, BINDING)
+            "tcp://127.0.0.1:1",
+            1,
+            3,
+            BINDING,
+        )
         assert (stream.prefetch, stream.prefetch_bytes, stream.timeout) == (2, 4096, 5.0)
         assert stream.limits.max_frame_bytes == 8192
 
@@ -350,8 +378,9 @@ def test_batch_memory_keeps_a_bounded_number_of_blocks():
 
 
 def real_batches(count):
-    examples = Examples.from_documents([[1 + (d * 7 + j) % 500 for j in range(3 + d % 9)]
-                                        for d in range(12 * count)])
+    examples = Examples.from_documents(
+        [[1 + (d * 7 + j) % 500 for j in range(3 + d % 9)] for d in range(12 * count)]
+    )
     config = PackConfig(capacity=16, max_rows_per_batch=2)
     return pack_compact(examples, BINDING, config)[:count]
 
@@ -366,13 +395,25 @@ def test_batches_the_trainer_keeps_are_never_overwritten(fake):
         if epoch >= 1:
             return [wire.encode("stream_end", {"epochs": 1})]
         if index >= len(compacts):
-            return [wire.encode("epoch_end", {"epoch": 0, "per_rank": len(compacts),
-                                              "total": len(compacts)})]
+            return [
+                wire.encode(
+                    "epoch_end", {"epoch": 0, "per_rank": len(compacts), "total": len(compacts)}
+                )
+            ]
         compact = compacts[index]
-        batch_fields = {"epoch": 0, "index": index, "window": 0, "batch": index,
-                        "filler": False, "binding": wire.binding_to_wire(BINDING)}
-        return [wire.encode("batch", batch_fields | wire.batch_shape(compact),
-                            wire.batch_arrays(compact))]
+        batch_fields = {
+            "epoch": 0,
+            "index": index,
+            "window": 0,
+            "batch": index,
+            "filler": False,
+            "binding": wire.binding_to_wire(BINDING),
+        }
+        return [
+            wire.encode(
+                "batch", batch_fields | wire.batch_shape(compact), wire.batch_arrays(compact)
+            )
+        ]
 
     producer = fake(answer)
     with BatchStream(producer.endpoint, rank=0, world_size=1, timeout=30) as stream:

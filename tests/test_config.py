@@ -18,8 +18,10 @@ def test_max_cells_defaults_to_a_full_batch():
     [
         (dict(capacity=0, max_rows_per_batch=1), r"capacity must be a positive integer, got 0"),
         (dict(capacity=4, max_rows_per_batch=-2), r"max_rows_per_batch must be a positive"),
-        (dict(capacity=4, max_rows_per_batch=1, max_cells=3),
-         r"max_cells=3 is smaller than one row \(capacity=4\); accepted: max_cells >= 4"),
+        (
+            dict(capacity=4, max_rows_per_batch=1, max_cells=3),
+            r"max_cells=3 is smaller than one row \(capacity=4\); accepted: max_cells >= 4",
+        ),
         (dict(capacity=2**31, max_rows_per_batch=1), r"capacity=2147483648 is too large"),
         (dict(capacity=4, max_rows_per_batch=1, max_metadata_bytes=0), r"max_metadata_bytes"),
         (dict(capacity=True, max_rows_per_batch=1), r"capacity must be a positive integer"),

@@ -34,8 +34,12 @@ def write_shards(root: Path, shards: list[list[list[int]]], dtypes=None) -> Path
 
 def write_jsonl(root: Path, lines: list[str]) -> Path:
     (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
-                "jsonl": ["docs.jsonl"]}
+    manifest = {
+        "format": "streampack-corpus",
+        "version": 1,
+        "binding": BINDING,
+        "jsonl": ["docs.jsonl"],
+    }
     path = root / "jsonl.json"
     path.write_text(json.dumps(manifest))
     return path
@@ -96,8 +100,9 @@ def test_shuffle_is_a_permutation_of_seed_and_epoch(tmp_path):
 def test_bounded_shuffle_buffer_for_json_lines(tmp_path):
     path = write_jsonl(tmp_path, [json.dumps({"tokens": doc(3, i)}) for i in range(30)])
     source = open_corpus(path)
-    spec = CutSpec(capacity=8, window_documents=4, window_tokens=99, shuffle=True, seed=3,
-                   shuffle_buffer=5)
+    spec = CutSpec(
+        capacity=8, window_documents=4, window_tokens=99, shuffle=True, seed=3, shuffle_buffer=5
+    )
     first = np.concatenate([w.source_id for w in iter_windows(source, 0, spec)])
     again = np.concatenate([w.source_id for w in iter_windows(source, 0, spec)])
     assert sorted(first.tolist()) == list(range(30))
@@ -131,8 +136,9 @@ def test_bad_documents_are_quarantined_with_reasons(tmp_path):
         json.dumps(["not", "an", "object"]),
     ]
     source = open_corpus(write_jsonl(tmp_path, lines))
-    windows = list(iter_windows(source, 0, CutSpec(capacity=8, window_documents=4,
-                                                    window_tokens=99)))
+    windows = list(
+        iter_windows(source, 0, CutSpec(capacity=8, window_documents=4, window_tokens=99))
+    )
     reasons = {q["source_id"]: q["reason"] for w in windows for q in w.quarantined}
     assert reasons == {
         1: "out_of_vocabulary",
@@ -155,13 +161,19 @@ def test_bad_documents_are_quarantined_with_reasons(tmp_path):
 
 
 def test_wrong_dtype_shard_and_huge_uint32_tokens_are_quarantined(tmp_path):
-    source = open_corpus(write_shards(
-        tmp_path, [[doc(3), doc(3)], [doc(4)], [[2, 2**32 - 1, 3]]],
-        {0: np.float32, 2: np.uint32},
-    ))
+    source = open_corpus(
+        write_shards(
+            tmp_path,
+            [[doc(3), doc(3)], [doc(4)], [[2, 2**32 - 1, 3]]],
+            {0: np.float32, 2: np.uint32},
+        )
+    )
     (window,) = iter_windows(source, 0, CutSpec(capacity=8, window_documents=9, window_tokens=99))
     assert [(q["source_id"], q["reason"]) for q in window.quarantined] == [
-        (0, "wrong_dtype"), (1, "wrong_dtype"), (3, "out_of_vocabulary")]
+        (0, "wrong_dtype"),
+        (1, "wrong_dtype"),
+        (3, "out_of_vocabulary"),
+    ]
     np.testing.assert_array_equal(window.tokens, doc(4))
 
 
@@ -170,15 +182,25 @@ def test_wrong_dtype_shard_and_huge_uint32_tokens_are_quarantined(tmp_path):
     [
         ({"format": "other"}, "expected 'streampack-corpus'"),
         ({"format": "streampack-corpus", "version": 9}, "version 9"),
-        ({"format": "streampack-corpus", "version": 1, "binding": {"vocab_size": 3}},
-         "binding"),
+        ({"format": "streampack-corpus", "version": 1, "binding": {"vocab_size": 3}}, "binding"),
         ({"format": "streampack-corpus", "version": 1, "binding": BINDING}, "exactly one of"),
-        ({"format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": []},
-         "non-empty list"),
-        ({"format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": ["x"]},
-         "shard 'x' tokens .* does not exist"),
-        ({"format": "streampack-corpus", "version": 1,
-          "binding": dict(BINDING, partition="dev"), "shards": ["x"]}, "partition"),
+        (
+            {"format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": []},
+            "non-empty list",
+        ),
+        (
+            {"format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": ["x"]},
+            "shard 'x' tokens .* does not exist",
+        ),
+        (
+            {
+                "format": "streampack-corpus",
+                "version": 1,
+                "binding": dict(BINDING, partition="dev"),
+                "shards": ["x"],
+            },
+            "partition",
+        ),
     ],
 )
 def test_bad_manifests_are_config_errors(tmp_path, manifest, match):
@@ -216,12 +238,18 @@ def test_bundled_corpus_is_regenerated_byte_for_byte(tmp_path):
 
 
 def test_deeply_nested_json_line_is_quarantined_not_a_crash(tmp_path):
-    lines = [json.dumps({"tokens": doc(4)}), "[" * 100_000,
-             '{"tokens": [2, 3, 1' + "9" * 5000 + "]}", json.dumps({"tokens": doc(5)})]
+    lines = [
+        json.dumps({"tokens": doc(4)}),
+        "[" * 100_000,
+        '{"tokens": [2, 3, 1' + "9" * 5000 + "]}",
+        json.dumps({"tokens": doc(5)}),
+    ]
     source = open_corpus(write_jsonl(tmp_path, lines))
     (window,) = iter_windows(source, 0, CutSpec(capacity=8, window_documents=9, window_tokens=99))
     assert [(q["source_id"], q["reason"]) for q in window.quarantined] == [
-        (1, "malformed"), (2, "malformed")]
+        (1, "malformed"),
+        (2, "malformed"),
+    ]
     assert "nested too deeply" in window.quarantined[0]["detail"]
     np.testing.assert_array_equal(window.source_id, [0, 3])
 
@@ -232,9 +260,26 @@ def test_digest_survives_a_deeply_nested_line(tmp_path):
 
     path = write_jsonl(tmp_path, [json.dumps({"tokens": doc(4)}), "[" * 100_000])
     out = subprocess.run(
-        [sys.executable, "-m", "streampack.cli", "digest", "--corpus", str(path), "--rank", "0",
-         "--world-size", "1", "--capacity", "8", "--window-tokens", "99"],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "streampack.cli",
+            "digest",
+            "--corpus",
+            str(path),
+            "--rank",
+            "0",
+            "--world-size",
+            "1",
+            "--capacity",
+            "8",
+            "--window-tokens",
+            "99",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1])["batches"] == 1
 
@@ -244,7 +289,9 @@ def test_blank_lines_take_a_source_id_like_every_line(tmp_path):
     source = open_corpus(write_jsonl(tmp_path, lines))
     (window,) = iter_windows(source, 0, CutSpec(capacity=8, window_documents=9, window_tokens=99))
     assert [(q["source_id"], q["reason"], q["location"]) for q in window.quarantined] == [
-        (1, "malformed", "docs.jsonl:2"), (2, "malformed", "docs.jsonl:3")]
+        (1, "malformed", "docs.jsonl:2"),
+        (2, "malformed", "docs.jsonl:3"),
+    ]
     np.testing.assert_array_equal(window.source_id, [0, 3])  # line 4 is source id 3
 
 
@@ -289,8 +336,7 @@ def test_manifest_names_may_not_leave_the_corpus_directory(tmp_path, name):
     write_shards(tmp_path, [[doc(3)]])  # a real shard one level up
     (tmp_path / "outside.jsonl").write_text(json.dumps({"tokens": doc(3)}) + "\n")
     for key, entry in (("shards", name), ("jsonl", name + ".jsonl")):
-        manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
-                    key: [entry]}
+        manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING, key: [entry]}
         (corpus / "manifest.json").write_text(json.dumps(manifest))
         with pytest.raises(InvalidConfig, match="absolute path|leads outside the corpus"):
             open_corpus(corpus)
@@ -300,8 +346,12 @@ def test_names_outside_the_directory_open_when_allowed(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     write_shards(tmp_path, [[doc(3), doc(4)]])
-    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
-                "shards": [str(tmp_path / "s0")]}
+    manifest = {
+        "format": "streampack-corpus",
+        "version": 1,
+        "binding": BINDING,
+        "shards": [str(tmp_path / "s0")],
+    }
     (corpus / "manifest.json").write_text(json.dumps(manifest))
     assert open_corpus(corpus, allow_outside=True).num_documents == 2
 
@@ -311,8 +361,12 @@ def test_a_symlink_leading_out_is_refused(tmp_path):
     corpus.mkdir()
     (tmp_path / "secret.jsonl").write_text(json.dumps({"tokens": doc(3)}) + "\n")
     (corpus / "docs.jsonl").symlink_to(tmp_path / "secret.jsonl")
-    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
-                "jsonl": ["docs.jsonl"]}
+    manifest = {
+        "format": "streampack-corpus",
+        "version": 1,
+        "binding": BINDING,
+        "jsonl": ["docs.jsonl"],
+    }
     (corpus / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InvalidConfig, match="leads outside the corpus"):
         open_corpus(corpus)

@@ -18,8 +18,14 @@ from streampack.corpus import open_corpus
 from streampack.corpus.inspect import inspect_corpus
 from streampack.windows import CutSpec, iter_windows
 
-TEXTS = ["the cat sat on the mat", "a dog ran", "the dog sat", "cats and dogs ran on",
-         "mat", "on the mat the cat sat and the dog ran"] * 5
+TEXTS = [
+    "the cat sat on the mat",
+    "a dog ran",
+    "the dog sat",
+    "cats and dogs ran on",
+    "mat",
+    "on the mat the cat sat and the dog ran",
+] * 5
 
 
 def make_tokenizer(path: Path, extra_word: str | None = None) -> Path:
@@ -30,26 +36,44 @@ def make_tokenizer(path: Path, extra_word: str | None = None) -> Path:
     tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     corpus = TEXTS + ([extra_word] if extra_word else [])
-    tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(
-        special_tokens=["[UNK]", "<s>", "</s>"]))
+    tokenizer.train_from_iterator(
+        corpus, trainers.WordLevelTrainer(special_tokens=["[UNK]", "<s>", "</s>"])
+    )
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
     tokenizer.save(str(path))
     return path
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streampack.cli", *args], cwd=ROOT, env=env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "streampack.cli", *args],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def build(tmp_path: Path, tokenizer: Path, out: str, *extra: str) -> dict:
     text = tmp_path / "text.jsonl"
     if not text.exists():
-        text.write_text("".join(json.dumps({"text": t, "n": i}) + "\n"
-                                for i, t in enumerate(TEXTS)))
-    done = run("corpus", "build", "--from", str(text), "--tokenizer", str(tokenizer),
-               "--out", str(tmp_path / out), *extra)
+        text.write_text(
+            "".join(json.dumps({"text": t, "n": i}) + "\n" for i, t in enumerate(TEXTS))
+        )
+    done = run(
+        "corpus",
+        "build",
+        "--from",
+        str(text),
+        "--tokenizer",
+        str(tokenizer),
+        "--out",
+        str(tmp_path / out),
+        *extra,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # a pipe: no progress line
     return json.loads(done.stdout)
@@ -59,8 +83,9 @@ def read_documents(corpus: Path) -> list[list[int]]:
     spec = CutSpec(capacity=100, window_documents=1000, window_tokens=10**6)
     out = []
     for window in iter_windows(open_corpus(corpus), 0, spec):
-        out += [window.tokens[a:b].tolist() for a, b in zip(window.offsets[:-1],
-                                                           window.offsets[1:])]
+        out += [
+            window.tokens[a:b].tolist() for a, b in zip(window.offsets[:-1], window.offsets[1:])
+        ]
     return out
 
 
@@ -79,7 +104,8 @@ def test_build_writes_shards_that_round_trip(tmp_path):
     binding = report["binding"]
     assert binding["vocab_size"] == reference.get_vocab_size()
     assert binding["tokenizer"].endswith(
-        __import__("hashlib").sha256(tokenizer.read_bytes()).hexdigest())
+        __import__("hashlib").sha256(tokenizer.read_bytes()).hexdigest()
+    )
 
 
 def test_another_tokenizer_file_gives_another_binding_and_a_mismatch(tmp_path):
@@ -88,8 +114,9 @@ def test_another_tokenizer_file_gives_another_binding_and_a_mismatch(tmp_path):
     from streampack.settings import ProducerSettings
 
     first = build(tmp_path, make_tokenizer(tmp_path / "a.json"), "a")["binding"]
-    second = build(tmp_path, make_tokenizer(tmp_path / "b.json", extra_word="zebra"),
-                   "b")["binding"]
+    second = build(tmp_path, make_tokenizer(tmp_path / "b.json", extra_word="zebra"), "b")[
+        "binding"
+    ]
     assert first["tokenizer"] != second["tokenizer"]
     trainer_binding = open_corpus(tmp_path / "b").binding.to_binding()
     settings = ProducerSettings(corpus=str(tmp_path / "a"), capacity=32, window_tokens=64)
@@ -104,9 +131,21 @@ def test_build_from_parquet_and_eos(tmp_path):
 
     tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
     pq.write_table(pa.table({"body": TEXTS[:6]}), tmp_path / "text.parquet", row_group_size=2)
-    done = run("corpus", "build", "--from", str(tmp_path / "text.parquet"), "--text-column",
-               "body", "--tokenizer", str(tokenizer), "--out", str(tmp_path / "c"),
-               "--eos", "</s>", "--quiet")
+    done = run(
+        "corpus",
+        "build",
+        "--from",
+        str(tmp_path / "text.parquet"),
+        "--text-column",
+        "body",
+        "--tokenizer",
+        str(tokenizer),
+        "--out",
+        str(tmp_path / "c"),
+        "--eos",
+        "</s>",
+        "--quiet",
+    )
     assert done.returncode == 0, done.stderr
     docs = read_documents(tmp_path / "c")
     assert len(docs) == 6 and all(d[0] == 1 and d[-2:] == [2, 2] for d in docs)
@@ -130,19 +169,33 @@ def test_build_errors_are_one_line(tmp_path, args, match):
     for flag, value in zip(args[::2], args[1::2]):
         base[flag] = str(tmp_path / value) if flag == "--tokenizer" else value
     flags = [x for item in base.items() for x in item]
-    done = run("corpus", "build", "--from", str(tmp_path / "text.jsonl"), "--out",
-               str(tmp_path / "out"), *flags)
+    done = run(
+        "corpus",
+        "build",
+        "--from",
+        str(tmp_path / "text.jsonl"),
+        "--out",
+        str(tmp_path / "out"),
+        *flags,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]  # (after a warning per skipped line)
-    assert re.match(r"streampack( corpus)?: error: ", last) and re.search(match, last), \
-        done.stderr
+    assert re.match(r"streampack( corpus)?: error: ", last) and re.search(match, last), done.stderr
 
 
 def test_build_refuses_an_existing_corpus(tmp_path):
     tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
     build(tmp_path, tokenizer, "corpus")
-    done = run("corpus", "build", "--from", str(tmp_path / "text.jsonl"), "--tokenizer",
-               str(tokenizer), "--out", str(tmp_path / "corpus"))
+    done = run(
+        "corpus",
+        "build",
+        "--from",
+        str(tmp_path / "text.jsonl"),
+        "--tokenizer",
+        str(tokenizer),
+        "--out",
+        str(tmp_path / "corpus"),
+    )
     assert done.returncode == 2 and "already holds a corpus" in done.stderr
 
 
@@ -165,8 +218,7 @@ def test_inspect_reports_every_format(tmp_path, fmt):
         np.save(tmp_path / "s.offsets.npy", np.cumsum([0] + [len(d) for d in docs]))
         corpus = manifest(tmp_path, shards=["s"])
     elif fmt == "jsonl":
-        (tmp_path / "d.jsonl").write_text("".join(json.dumps({"tokens": d}) + "\n"
-                                                  for d in docs))
+        (tmp_path / "d.jsonl").write_text("".join(json.dumps({"tokens": d}) + "\n" for d in docs))
         corpus = manifest(tmp_path, jsonl=["d.jsonl"])
     else:
         corpus = WRITERS[fmt](tmp_path, docs)
@@ -206,10 +258,26 @@ def test_build_shows_progress_on_a_terminal_only_without_quiet(tmp_path, quiet):
     (tmp_path / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     controller, terminal = pty.openpty()
     done = subprocess.run(
-        [sys.executable, "-m", "streampack.cli", "corpus", "build", "--from",
-         str(tmp_path / "text.jsonl"), "--tokenizer", str(tokenizer), "--out",
-         str(tmp_path / "out"), *(["--quiet"] if quiet else [])],
-        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=terminal, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "streampack.cli",
+            "corpus",
+            "build",
+            "--from",
+            str(tmp_path / "text.jsonl"),
+            "--tokenizer",
+            str(tokenizer),
+            "--out",
+            str(tmp_path / "out"),
+            *(["--quiet"] if quiet else []),
+        ],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        timeout=120,
+    )
     os.close(terminal)
     shown = b""
     while True:

@@ -51,8 +51,9 @@ def test_every_document_is_read_once_with_its_tokens(tmp_path, fmt):
 def test_shuffles_visit_every_document_once(tmp_path, fmt):
     docs = documents()
     source = open_corpus(WRITERS[fmt](tmp_path, docs))
-    spec = CutSpec(capacity=64, window_documents=9, window_tokens=200, shuffle=True, seed=5,
-                   shuffle_buffer=8)
+    spec = CutSpec(
+        capacity=64, window_documents=9, window_tokens=200, shuffle=True, seed=5, shuffle_buffer=8
+    )
     got, order = read_all(source, spec)
     assert got == dict(enumerate(docs))
     assert order != list(range(len(docs)))
@@ -98,10 +99,11 @@ def test_out_of_vocabulary_rows_are_quarantined_not_fatal(tmp_path):
 
 
 def test_missing_files_are_named(tmp_path):
-    for entry, match in (({"parquet": ["nope.parquet"]}, "Parquet file .*nope.parquet' does "
-                          "not exist"),
-                         ({"arrow": ["nope.arrow"]}, "Arrow file .*nope.arrow' does not exist"),
-                         ({"megatron": ["nope"]}, "Megatron index .*nope.idx' does not exist")):
+    for entry, match in (
+        ({"parquet": ["nope.parquet"]}, "Parquet file .*nope.parquet' does not exist"),
+        ({"arrow": ["nope.arrow"]}, "Arrow file .*nope.arrow' does not exist"),
+        ({"megatron": ["nope"]}, "Megatron index .*nope.idx' does not exist"),
+    ):
         with pytest.raises(InvalidConfig, match=match):
             open_corpus(manifest(tmp_path, **entry))
 
@@ -139,7 +141,7 @@ def test_megatron_pointers_and_document_indices_are_checked(tmp_path):
     manifest(tmp_path, megatron=["d"])
     assert open_corpus(tmp_path).num_documents == 2
     pointers_at = 34 + 4 * 2
-    bad = good[:pointers_at + 8] + np.int64(6).tobytes() + good[pointers_at + 16:]
+    bad = good[: pointers_at + 8] + np.int64(6).tobytes() + good[pointers_at + 16 :]
     (tmp_path / "d.idx").write_bytes(bad)
     with pytest.raises(InvalidConfig, match="sequence 1 starts at byte 6, expected 8"):
         open_corpus(tmp_path)
@@ -148,8 +150,9 @@ def test_megatron_pointers_and_document_indices_are_checked(tmp_path):
         open_corpus(tmp_path)
     (tmp_path / "d.idx").write_bytes(good)
     (tmp_path / "d.bin").write_bytes(np.arange(7, dtype=np.uint16).tobytes())
-    with pytest.raises(InvalidConfig, match="d.bin' is 14 bytes; its index describes 10 "
-                                           "uint16 tokens .* truncated"):
+    with pytest.raises(
+        InvalidConfig, match="d.bin' is 14 bytes; its index describes 10 uint16 tokens .* truncated"
+    ):
         open_corpus(tmp_path)
 
 
@@ -164,8 +167,9 @@ def test_corrupt_and_truncated_parquet_and_arrow_are_named(tmp_path):
     write_parquet(tmp_path, documents(10), files=1)
     data = (tmp_path / "train-000.parquet").read_bytes()
     (tmp_path / "train-000.parquet").write_bytes(data[: len(data) // 2])
-    with pytest.raises(InvalidConfig, match="Parquet file .*train-000.parquet' is corrupt or "
-                                           "truncated"):
+    with pytest.raises(
+        InvalidConfig, match="Parquet file .*train-000.parquet' is corrupt or truncated"
+    ):
         open_corpus(tmp_path)
     (tmp_path / "x.arrow").write_bytes(b"not arrow at all")
     with pytest.raises(InvalidConfig, match="Arrow file .*x.arrow' is corrupt or truncated"):
@@ -176,13 +180,17 @@ def test_wrong_column_type_and_missing_column_are_named(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"input_ids": pa.array([[1.5, 2.0]], pa.list_(pa.float32()))}),
-                   tmp_path / "f.parquet")
-    with pytest.raises(InvalidConfig, match="column 'input_ids' has type list<.*float>; "
-                                           "expected a list of integer"):
+    pq.write_table(
+        pa.table({"input_ids": pa.array([[1.5, 2.0]], pa.list_(pa.float32()))}),
+        tmp_path / "f.parquet",
+    )
+    with pytest.raises(
+        InvalidConfig, match="column 'input_ids' has type list<.*float>; expected a list of integer"
+    ):
         open_corpus(manifest(tmp_path, parquet=["f.parquet"]))
-    with pytest.raises(InvalidConfig, match="has no column 'tokens'; its columns are "
-                                           "\\['input_ids'\\]"):
+    with pytest.raises(
+        InvalidConfig, match="has no column 'tokens'; its columns are \\['input_ids'\\]"
+    ):
         open_corpus(manifest(tmp_path, parquet=["f.parquet"], column="tokens"))
 
 
@@ -191,12 +199,14 @@ def test_empty_parquet_and_hf_dataset_dict_are_refused(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"input_ids": pa.array([], pa.list_(pa.int32()))}),
-                   tmp_path / "e.parquet")
+    pq.write_table(
+        pa.table({"input_ids": pa.array([], pa.list_(pa.int32()))}), tmp_path / "e.parquet"
+    )
     with pytest.raises(InvalidConfig, match="hold no rows"):
         open_corpus(manifest(tmp_path, parquet=["e.parquet"]))
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"input_ids": [[1, 2]]})}) \
-        .save_to_disk(str(tmp_path / "dd"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"input_ids": [[1, 2]]})}
+    ).save_to_disk(str(tmp_path / "dd"))
     with pytest.raises(InvalidConfig, match="holds a DatasetDict \\(splits \\['train'\\]\\)"):
         open_corpus(manifest(tmp_path, arrow=["dd"]))
     assert open_corpus(manifest(tmp_path, arrow=["dd/train"])).num_documents == 1
@@ -210,11 +220,15 @@ def test_null_rows_and_tokens(tmp_path):
     pq.write_table(pa.table({"input_ids": rows}), tmp_path / "n.parquet")
     (window,) = iter_windows(open_corpus(manifest(tmp_path, parquet=["n.parquet"])), 0, SPEC)
     assert [(q["source_id"], q["reason"], q["location"]) for q in window.quarantined] == [
-        (1, "malformed", "n.parquet:0:1"), (2, "malformed", "n.parquet:0:2")]
+        (1, "malformed", "n.parquet:0:1"),
+        (2, "malformed", "n.parquet:0:2"),
+    ]
     assert window.tokens.tolist() == [1, 2, 3, 6, 7]
     # in Arrow, whose tokens are read zero-copy, a null token is refused at open
-    with pa.OSFile(str(tmp_path / "n.arrow"), "wb") as sink, \
-            pa.ipc.new_file(sink, pa.schema([("input_ids", rows.type)])) as writer:
+    with (
+        pa.OSFile(str(tmp_path / "n.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, pa.schema([("input_ids", rows.type)])) as writer,
+    ):
         writer.write_batch(pa.record_batch([rows], names=["input_ids"]))
     with pytest.raises(InvalidConfig, match="holds 1 null token"):
         open_corpus(manifest(tmp_path, arrow=["n.arrow"]))
@@ -245,11 +259,19 @@ def test_every_document_arrives_once_through_the_service(tmp_path, fmt):
         with BatchStream(endpoint, rank=rank, world_size=2, timeout=60) as stream:
             received[rank].extend(stream)
 
-    settings = {"capacity": 64, "window_documents": 9, "window_tokens": 200,
-                "shuffle": True, "seed": 3, "shuffle_buffer": 16}
+    settings = {
+        "capacity": 64,
+        "window_documents": 9,
+        "window_tokens": 200,
+        "shuffle": True,
+        "seed": 3,
+        "shuffle_buffer": 16,
+    }
     with Service(corpus, serve_workers=1, **settings) as service:
-        threads = [threading.Thread(target=drain, args=(service.consumer_endpoint, rank))
-                   for rank in (0, 1)]
+        threads = [
+            threading.Thread(target=drain, args=(service.consumer_endpoint, rank))
+            for rank in (0, 1)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -280,13 +302,19 @@ def test_opening_and_cutting_holds_no_per_document_memory(tmp_path, monkeypatch)
     count = 100_000
     lengths = np.full(count, 3)
     (tmp_path / "big.bin").write_bytes(np.arange(3 * count, dtype=np.uint16).tobytes())
-    (tmp_path / "big.idx").write_bytes(megatron_index(lengths.tolist(),
-                                                      list(range(count + 1))))
+    (tmp_path / "big.idx").write_bytes(megatron_index(lengths.tolist(), list(range(count + 1))))
     values = pa.array(np.arange(3 * count, dtype=np.int32) % 500)
-    table = pa.table({"input_ids": pa.ListArray.from_arrays(
-        pa.array(np.arange(0, 3 * count + 1, 3, dtype=np.int32)), values)})
-    with pa.OSFile(str(tmp_path / "big.arrow"), "wb") as sink, \
-            pa.ipc.new_file(sink, table.schema) as writer:
+    table = pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(
+                pa.array(np.arange(0, 3 * count + 1, 3, dtype=np.int32)), values
+            )
+        }
+    )
+    with (
+        pa.OSFile(str(tmp_path / "big.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
         writer.write_table(table)
     del values, table
     spec = CutSpec(capacity=8, window_documents=64, window_tokens=200, shuffle=True)
@@ -318,10 +346,12 @@ def test_empty_sources_are_refused(tmp_path):
 def test_an_arrow_column_of_text_is_a_clear_dtype_error(tmp_path):
     import datasets
 
-    datasets.Dataset.from_dict({"input_ids": ["not", "tokens"]}).save_to_disk(
-        str(tmp_path / "hf"))
-    with pytest.raises(InvalidConfig, match="data-00000-of-00001.arrow': column 'input_ids' "
-                                           "has type string; expected a list of integer"):
+    datasets.Dataset.from_dict({"input_ids": ["not", "tokens"]}).save_to_disk(str(tmp_path / "hf"))
+    with pytest.raises(
+        InvalidConfig,
+        match="data-00000-of-00001.arrow': column 'input_ids' "
+        "has type string; expected a list of integer",
+    ):
         open_corpus(manifest(tmp_path, arrow=["hf"]))
 
 
@@ -330,10 +360,13 @@ def test_without_pyarrow_the_error_names_the_extra(tmp_path):
     import sys
 
     write_parquet(tmp_path, documents(4), files=1)
-    code = ("import sys; sys.modules['pyarrow'] = None\n"
-            "from streampack.corpus import open_corpus\n"
-            f"open_corpus({str(tmp_path)!r})")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
-    assert "reading Parquet files needs pyarrow; install it with: pip install " \
-           "'streampack[data]'" in done.stderr
+    code = (
+        "import sys; sys.modules['pyarrow'] = None\n"
+        "from streampack.corpus import open_corpus\n"
+        f"open_corpus({str(tmp_path)!r})"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (
+        "reading Parquet files needs pyarrow; install it with: pip install "
+        "'streampack[data]'" in done.stderr
+    )

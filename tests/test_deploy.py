@@ -126,8 +126,7 @@ def test_runtime_is_unprivileged_with_a_warm_numba_cache(dockerfile):
     user_at = keywords.index("USER")
     copy_at = keywords.index("COPY")
     warm = [
-        i for i, (keyword, rest) in enumerate(runtime)
-        if keyword == "RUN" and "warmup.py" in rest
+        i for i, (keyword, rest) in enumerate(runtime) if keyword == "RUN" and "warmup.py" in rest
     ]
     assert warm and all(i > max(user_at, copy_at) for i in warm)
     setup = " ".join(rest for keyword, rest in runtime if keyword == "RUN")
@@ -386,7 +385,7 @@ def test_docker_script_is_valid_bash_and_reports_skips():
     text = script.read_text()
     assert "DOCKER TESTS SKIPPED: " in text
     assert "trap cleanup EXIT" in text
-    for needle in ("--network host", "--build-arg \"BASE_IMAGE=", "docker kill"):
+    for needle in ("--network host", '--build-arg "BASE_IMAGE=', "docker kill"):
         assert needle in text, needle
 
 
@@ -409,7 +408,10 @@ def test_docker_script_skips_when_no_engine_can_start(tmp_path):
     }
     result = subprocess.run(
         ["bash", str(DEPLOY / "test-docker.sh")],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     (line,) = [out for out in result.stdout.splitlines() if out.startswith("DOCKER TESTS")]
@@ -420,8 +422,13 @@ def test_docker_script_skips_when_no_engine_can_start(tmp_path):
 # ---------------------------------------------------------------- metrics scraping
 
 
-@pytest.mark.parametrize("name, role", [("streampack-producer", sp_settings.ProducerSettings),
-                                        ("streampack-worker", sp_settings.WorkerSettings)])
+@pytest.mark.parametrize(
+    "name, role",
+    [
+        ("streampack-producer", sp_settings.ProducerSettings),
+        ("streampack-worker", sp_settings.WorkerSettings),
+    ],
+)
 def test_pods_announce_the_metrics_port_their_settings_serve(k8s, name, role):
     deployment = k8s[("Deployment", name)]
     template = deployment["spec"]["template"]

@@ -51,39 +51,51 @@ def expected_digest(uninterrupted, rank, world_size, base=0, count=None):
             if index < len(batches):
                 batch = batches[index]
             else:
-                batch = PackedBatch.filler_like(batches[0].binding,
-                                                SMALL["max_rows_per_batch"], SMALL["capacity"])
+                batch = PackedBatch.filler_like(
+                    batches[0].binding, SMALL["max_rows_per_batch"], SMALL["capacity"]
+                )
             digest.update(batch, epoch, index)
     return digest.hexdigest(), digest.batches
 
 
 def run_job(endpoint, tmp_path, world_size, name, *extra):
     """``world_size`` consume processes, one per rank; their result lines."""
-    procs = [consume(endpoint, rank, world_size,
-                     "--state-out", str(tmp_path / f"{name}-{rank}.json"), *extra)
-             for rank in range(world_size)]
+    procs = [
+        consume(
+            endpoint, rank, world_size, "--state-out", str(tmp_path / f"{name}-{rank}.json"), *extra
+        )
+        for rank in range(world_size)
+    ]
     return [result(proc) for proc in procs]
 
 
-@pytest.mark.parametrize(("saved", "k", "resumed", "same_producer"),
-                         [(4, 5, 2, False), (2, 20, 3, False), (4, 3, 3, True)])
+@pytest.mark.parametrize(
+    ("saved", "k", "resumed", "same_producer"),
+    [(4, 5, 2, False), (2, 20, 3, False), (4, 3, 3, True)],
+)
 def test_a_job_resumed_at_another_world_size_receives_exactly_the_remaining_batches(
-        tmp_path, uninterrupted, saved, k, resumed, same_producer):
+    tmp_path, uninterrupted, saved, k, resumed, same_producer
+):
     """k batches per rank at ``saved`` ranks, then the rest at ``resumed`` ranks: after a
     restart of the whole service, or from the same producer (which then serves two
     world sizes one after the other). ``streampack digest --state-in`` agrees."""
     first = Service(FIXTURE, serve_workers=2, **SETTINGS).__enter__()
     second = None
     try:
-        before = run_job(first.consumer_endpoint, tmp_path, saved, "before",
-                         "--max-batches", str(k))
+        before = run_job(
+            first.consumer_endpoint, tmp_path, saved, "before", "--max-batches", str(k)
+        )
         for rank, line in enumerate(before):
             assert (line["digest"], line["batches"]) == expected_digest(
-                uninterrupted, rank, saved, count=k)
-        states = [json.loads((tmp_path / f"before-{rank}.json").read_text())
-                  for rank in range(saved)]
-        assert states == [{"epoch": 0, "index": k * saved + rank, "base": 0, "rank": rank,
-                           "world_size": saved} for rank in range(saved)]
+                uninterrupted, rank, saved, count=k
+            )
+        states = [
+            json.loads((tmp_path / f"before-{rank}.json").read_text()) for rank in range(saved)
+        ]
+        assert states == [
+            {"epoch": 0, "index": k * saved + rank, "base": 0, "rank": rank, "world_size": saved}
+            for rank in range(saved)
+        ]
         checkpoint = tmp_path / "checkpoint.json"
         checkpoint.write_text(json.dumps(states))
         if not same_producer:
@@ -98,16 +110,34 @@ def test_a_job_resumed_at_another_world_size_receives_exactly_the_remaining_batc
                 service.__exit__(None, None, None)
     for rank, line in enumerate(after):
         assert (line["digest"], line["batches"]) == expected_digest(
-            uninterrupted, rank, resumed, base=k * saved)
-        assert line["state"] == {"epoch": 2, "index": rank, "base": 0, "rank": rank,
-                                 "world_size": resumed}
+            uninterrupted, rank, resumed, base=k * saved
+        )
+        assert line["state"] == {
+            "epoch": 2,
+            "index": rank,
+            "base": 0,
+            "rank": rank,
+            "world_size": resumed,
+        }
     # `streampack digest` computes the resumed stream from the same checkpoint.
     rank = resumed - 1
     out = subprocess.run(
-        command("digest", *flags({"corpus": str(FIXTURE), **SMALL, **SETTINGS}),
-                "--rank", str(rank), "--world-size", str(resumed),
-                "--state-in", str(checkpoint)),
-        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+        command(
+            "digest",
+            *flags({"corpus": str(FIXTURE), **SMALL, **SETTINGS}),
+            "--rank",
+            str(rank),
+            "--world-size",
+            str(resumed),
+            "--state-in",
+            str(checkpoint),
+        ),
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1])["digest"] == after[rank]["digest"]
     # The two jobs' real batches are the uninterrupted stream's, each exactly once.
@@ -119,14 +149,35 @@ def test_consume_refuses_states_of_ranks_out_of_step(tmp_path):
     """No mapping to 3 ranks avoids a repeat or a gap when rank 0 had 2 batches and rank
     1 had 1: one line says so, no traceback, a failing exit status."""
     checkpoint = tmp_path / "checkpoint.json"
-    checkpoint.write_text(json.dumps([
-        {"epoch": 0, "index": 4, "rank": 0, "world_size": 2},
-        {"epoch": 0, "index": 3, "rank": 1, "world_size": 2},
-    ]))
-    out = subprocess.run(command("consume", "--connect", "tcp://127.0.0.1:1", "--rank", "0",
-                                 "--world-size", "3", "--state-in", str(checkpoint)),
-                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
+    checkpoint.write_text(
+        json.dumps(
+            [
+                {"epoch": 0, "index": 4, "rank": 0, "world_size": 2},
+                {"epoch": 0, "index": 3, "rank": 1, "world_size": 2},
+            ]
+        )
+    )
+    out = subprocess.run(
+        command(
+            "consume",
+            "--connect",
+            "tcp://127.0.0.1:1",
+            "--rank",
+            "0",
+            "--world-size",
+            "3",
+            "--state-in",
+            str(checkpoint),
+        ),
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    assert "consumed different numbers of batches (rank 0: epoch 0 after 2, rank 1: epoch 0 " \
-           "after 1)" in out.stderr
+    assert (
+        "consumed different numbers of batches (rank 0: epoch 0 after 2, rank 1: epoch 0 "
+        "after 1)" in out.stderr
+    )

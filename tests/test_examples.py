@@ -44,8 +44,9 @@ def test_non_integer_tokens_are_rejected():
 
 def test_tokens_that_do_not_fit_int32_are_rejected():
     with pytest.raises(sp.InvalidExample, match="outside int32 range"):
-        sp.Examples(tokens=np.array([0, 2**31], np.uint32), offsets=[0, 2], doc=[0],
-                    start=[0], stop=[2])
+        sp.Examples(
+            tokens=np.array([0, 2**31], np.uint32), offsets=[0, 2], doc=[0], start=[0], stop=[2]
+        )
 
 
 def test_columns_must_agree_in_length():

@@ -10,14 +10,18 @@ from _packing_cases import BINDING, A, B, C
 
 import streampack as sp
 
-torch = pytest.importorskip("torch", reason="the hf extra (PyTorch) is not installed: "
-                            "pip install 'streampack[hf]'")
+torch = pytest.importorskip(
+    "torch", reason="the hf extra (PyTorch) is not installed: pip install 'streampack[hf]'"
+)
 
 
 @pytest.fixture(scope="module")
 def batch() -> sp.PackedBatch:
-    return sp.pack_examples(sp.Examples.from_documents([A, B, C]), BINDING,
-                            sp.PackConfig(capacity=6, max_rows_per_batch=2)).batches[0]
+    return sp.pack_examples(
+        sp.Examples.from_documents([A, B, C]),
+        BINDING,
+        sp.PackConfig(capacity=6, max_rows_per_batch=2),
+    ).batches[0]
 
 
 def test_worked_example_thd_parameters(batch):
@@ -48,7 +52,8 @@ def test_padded_spans_hold_each_occurrence_then_only_padding(batch):
 def test_splats_into_megatron_core_packed_seq_params(batch):
     packed_seq_params = pytest.importorskip(
         "megatron.core.packed_seq_params",
-        reason="megatron-core is not installed (pip install megatron-core)")
+        reason="megatron-core is not installed (pip install megatron-core)",
+    )
     params = packed_seq_params.PackedSeqParams(**batch.to_megatron())
     assert params.qkv_format == "thd" and params.max_seqlen_kv == 6
     assert {f.name for f in dataclasses.fields(params)} >= set(batch.to_megatron())

@@ -13,10 +13,12 @@ import pytest
 
 import streampack as sp
 
-torch = pytest.importorskip("torch", reason="the hf extra is not installed: "
-                            "pip install 'streampack[hf]'")
-transformers = pytest.importorskip("transformers", reason="the hf extra is not installed: "
-                                   "pip install 'streampack[hf]'")
+torch = pytest.importorskip(
+    "torch", reason="the hf extra is not installed: pip install 'streampack[hf]'"
+)
+transformers = pytest.importorskip(
+    "transformers", reason="the hf extra is not installed: pip install 'streampack[hf]'"
+)
 
 VOCAB = 48
 BINDING = sp.Binding(VOCAB, "tiny-random", "hf-export", "train")
@@ -38,9 +40,16 @@ def close(a: torch.Tensor, b: torch.Tensor, attention: str = "sdpa") -> bool:
 
 
 def tiny_model(family: str, attention: str) -> torch.nn.Module:
-    common = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                  attn_implementation=attention)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        attn_implementation=attention,
+    )
     torch.manual_seed(0)
     if family == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
@@ -54,8 +63,9 @@ def packed() -> tuple[sp.Examples, sp.PackedBatch]:
     rng = np.random.default_rng(7)
     documents = [rng.integers(1, VOCAB, n).tolist() for n in DOCUMENT_LENGTHS]
     examples = sp.Examples.from_documents(documents)
-    (batch,) = sp.pack_examples(examples, BINDING,
-                                sp.PackConfig(capacity=CAPACITY, max_rows_per_batch=8)).batches
+    (batch,) = sp.pack_examples(
+        examples, BINDING, sp.PackConfig(capacity=CAPACITY, max_rows_per_batch=8)
+    ).batches
     assert batch.rows >= 3 and (batch.valid_lengths == CAPACITY).any()
     assert (batch.valid_lengths < CAPACITY).any()
     return examples, batch
@@ -104,7 +114,8 @@ VARIANTS = {
 @pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_packed_loss_and_every_gradient_equal_each_document_alone_c7(
-        packed, family, attention, variant):
+    packed, family, attention, variant
+):
     examples, batch = packed
     model = tiny_model(family, attention)
     want_loss, want_grads = each_document_alone_of(family, attention, examples)
@@ -117,7 +128,8 @@ def test_packed_loss_and_every_gradient_equal_each_document_alone_c7(
     # comparison takes the same mean over the export's shift_labels, in float64.
     assert abs(output.loss.item() - want_loss.item()) <= 1e-6 * want_loss.item()
     loss = torch.nn.functional.cross_entropy(
-        output.logits.flatten(0, 1), arguments["shift_labels"].flatten(), ignore_index=-100)
+        output.logits.flatten(0, 1), arguments["shift_labels"].flatten(), ignore_index=-100
+    )
     got_grads = gradients(model, loss)
 
     assert close(loss.detach(), want_loss, attention), (loss.item(), want_loss.item())
@@ -132,7 +144,8 @@ def plain_causal(batch: sp.PackedBatch, attention: str) -> torch.Tensor:
     if attention == "sdpa":
         return allowed
     return torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(
-        ~allowed, torch.finfo(torch.float64).min)
+        ~allowed, torch.finfo(torch.float64).min
+    )
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
@@ -146,8 +159,9 @@ def test_negative_controls_a_plain_causal_or_a_2d_padding_mask_differ(packed, fa
     arguments = batch.to_hf("rows", pad_id=0)
     with torch.no_grad():
         causal = model(**(arguments | {"attention_mask": plain_causal(batch, attention)})).loss
-        padding = model(**(arguments | {
-            "attention_mask": torch.from_numpy(batch.input_valid.astype(np.int64))})).loss
+        padding = model(
+            **(arguments | {"attention_mask": torch.from_numpy(batch.input_valid.astype(np.int64))})
+        ).loss
     assert not close(causal, want_loss, attention), (causal.item(), want_loss.item())
     assert not close(padding, want_loss, attention), (padding.item(), want_loss.item())
     assert abs(causal - want_loss) > 1e-3 and abs(padding - want_loss) > 1e-3
@@ -156,30 +170,37 @@ def test_negative_controls_a_plain_causal_or_a_2d_padding_mask_differ(packed, fa
 def test_rows_layout_names_dtypes_and_values(packed):
     _, batch = packed
     arguments = batch.to_hf("rows", pad_id=3)
-    assert set(arguments) == {"input_ids", "position_ids", "shift_labels", "labels",
-                              "use_cache"}
+    assert set(arguments) == {"input_ids", "position_ids", "shift_labels", "labels", "use_cache"}
     assert arguments["use_cache"] is False
     for name in ("input_ids", "position_ids", "shift_labels"):
         assert arguments[name].dtype == torch.int64 and arguments[name].shape == (
-            batch.rows, batch.capacity), name
+            batch.rows,
+            batch.capacity,
+        ), name
     assert arguments["labels"] is arguments["shift_labels"]
     padding = ~batch.input_valid
     assert (arguments["input_ids"].numpy()[padding] == 3).all()
     assert (arguments["shift_labels"].numpy()[~batch.loss_mask] == -100).all()
-    np.testing.assert_array_equal(arguments["shift_labels"].numpy()[batch.loss_mask],
-                                  batch.targets[batch.loss_mask])
+    np.testing.assert_array_equal(
+        arguments["shift_labels"].numpy()[batch.loss_mask], batch.targets[batch.loss_mask]
+    )
 
 
 def test_worked_example_in_both_layouts():
     from _packing_cases import BINDING as WORKED
     from _packing_cases import A, B, C
 
-    (batch,) = sp.pack_examples(sp.Examples.from_documents([A, B, C]), WORKED,
-                                sp.PackConfig(capacity=6, max_rows_per_batch=2)).batches
+    (batch,) = sp.pack_examples(
+        sp.Examples.from_documents([A, B, C]),
+        WORKED,
+        sp.PackConfig(capacity=6, max_rows_per_batch=2),
+    ).batches
     rows = batch.to_hf("rows", pad_id=0)
     assert rows["input_ids"].tolist() == [[0, 99, 100, 0, 101, 0], [0, 102, 103, 104, 0, 0]]
-    assert rows["shift_labels"].tolist() == [[99, 100, 1, 101, 1, -100],
-                                             [102, 103, 104, 1, -100, -100]]
+    assert rows["shift_labels"].tolist() == [
+        [99, 100, 1, 101, 1, -100],
+        [102, 103, 104, 1, -100, -100],
+    ]
     flat = batch.to_hf("flat", pad_id=0)
     assert flat["input_ids"].tolist() == [[0, 99, 100, 0, 101, 0, 102, 103, 104]]
     assert flat["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
@@ -202,8 +223,11 @@ def test_worked_example_in_both_layouts():
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"mask": "padding"}, r"2-D padding attention_mask\) is refused: transformers .* "
-                              r"packed-sequence detection"),
+        (
+            {"mask": "padding"},
+            r"2-D padding attention_mask\) is refused: transformers .* "
+            r"packed-sequence detection",
+        ),
         ({"mask": "2d"}, r"mask='2d'; accepted: None, 'bool' \(sdpa\) or 'additive'"),
         ({"layout": "padded"}, r"layout='padded'; accepted: 'rows', 'flat'"),
         ({"pad_id": -1}, r"pad_id=-1; accepted: a token id >= 0"),
@@ -236,9 +260,12 @@ def test_on_cpu_sdpa_and_eager_take_flat_boundaries_from_position_ids_alone(pack
     model = tiny_model("llama", attention)
     arguments = batch.to_hf("flat", pad_id=0)
     cells = arguments["input_ids"].shape[1]
-    one_sequence = {"cu_seq_lens_q": torch.tensor([0, cells], dtype=torch.int32),
-                    "cu_seq_lens_k": torch.tensor([0, cells], dtype=torch.int32),
-                    "max_length_q": cells, "max_length_k": cells}
+    one_sequence = {
+        "cu_seq_lens_q": torch.tensor([0, cells], dtype=torch.int32),
+        "cu_seq_lens_k": torch.tensor([0, cells], dtype=torch.int32),
+        "max_length_q": cells,
+        "max_length_k": cells,
+    }
     with torch.no_grad():
         logits = model(**arguments).logits
         assert torch.equal(model(**(arguments | one_sequence)).logits, logits)

@@ -54,8 +54,7 @@ def test_text_of_a_wide_batch_fits_the_width_and_names_every_segment():
     text = render.batch_text(batch, row=3)
     occ = batch.occurrences[batch.occurrences["row"] == 3]
     for record in occ:
-        assert f"segment {record['segment']}: columns [{record['start']}, {record['stop']})" \
-            in text
+        assert f"segment {record['segment']}: columns [{record['start']}, {record['stop']})" in text
     assert f"fill ratio {render.fill_ratio(batch):.3f}" in text
     per_row = " ".join(map(str, np.bincount(batch.occurrences["row"], minlength=batch.rows)))
     assert f"documents per row {per_row}" in text
@@ -64,16 +63,20 @@ def test_text_of_a_wide_batch_fits_the_width_and_names_every_segment():
 def _corpus_settings():
     from streampack.settings import ProducerSettings
 
-    return ProducerSettings(corpus=str(ROOT / "fixtures" / "corpus"), capacity=256,
-                            max_rows_per_batch=4, window_documents=40, window_tokens=3000)
+    return ProducerSettings(
+        corpus=str(ROOT / "fixtures" / "corpus"),
+        capacity=256,
+        max_rows_per_batch=4,
+        window_documents=40,
+        window_tokens=3000,
+    )
 
 
 def _close(pixel: np.ndarray, hex_colour: str) -> bool:
     return bool(np.abs(pixel[:3] - np.array(render._rgb(hex_colour))).max() <= 1.5 / 255)
 
 
-def test_png_has_its_size_and_the_colours_of_padding_boundaries_and_permission(
-        tmp_path, example):
+def test_png_has_its_size_and_the_colours_of_padding_boundaries_and_permission(tmp_path, example):
     from matplotlib.image import imread
 
     path = tmp_path / "batch.png"
@@ -91,8 +94,7 @@ def test_png_has_its_size_and_the_colours_of_padding_boundaries_and_permission(
     blue, orange, green = render.SEGMENT_COLOURS[:3]
     pad = render.PAD_COLOUR
     # Row 0 is A A A B B pad; row 1 is C C C C pad pad. Sample off the cell texts.
-    for row, colours in ((0, [blue] * 3 + [orange] * 2 + [pad]),
-                         (1, [green] * 4 + [pad] * 2)):
+    for row, colours in ((0, [blue] * 3 + [orange] * 2 + [pad]), (1, [green] * 4 + [pad] * 2)):
         for column, colour in enumerate(colours):
             assert _close(at(layout.cell_point(row, column + 0.12, 0.8)), colour), (row, column)
     # Boundaries: A|B at column 3 and B|pad at 5 of row 0, C|pad at 4 of row 1 are black;
@@ -147,11 +149,16 @@ def test_a_saved_batch_renders_like_the_original(tmp_path, example, capsys):
     assert "row 1: permission(1)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["inspect", "--row", "2"], "--row 2; this batch has rows 0..1"),
-    (["inspect", "--corpus", str(ROOT / "fixtures" / "corpus"), "--batch", "100000"],
-     "--batch 100000; epoch 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["inspect", "--row", "2"], "--row 2; this batch has rows 0..1"),
+        (
+            ["inspect", "--corpus", str(ROOT / "fixtures" / "corpus"), "--batch", "100000"],
+            "--batch 100000; epoch 0",
+        ),
+    ],
+)
 def test_bad_choices_are_one_clear_line(argv, message, capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err

@@ -27,8 +27,12 @@ def _loaded_after(code: str) -> set[str]:
     """The modules a fresh interpreter holds after running ``code``."""
     script = f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))"
     out = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-        timeout=120, check=True,
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     return set(json.loads(out.stdout.splitlines()[-1]))
 
@@ -41,8 +45,14 @@ def _heavy(modules: set[str]) -> set[str]:
     return {m for m in modules if m.split(".")[0] in HEAVY}
 
 
-@pytest.mark.parametrize("statement", ["import streampack", "import streampack.errors",
-                                       "from streampack import InvalidConfig, PackConfig"])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import streampack",
+        "import streampack.errors",
+        "from streampack import InvalidConfig, PackConfig",
+    ],
+)
 def test_the_package_and_its_errors_load_nothing_heavy(statement):
     loaded = _loaded_after(statement)
     assert _ours(loaded) == {"streampack", "streampack.config", "streampack.errors"}
@@ -50,14 +60,18 @@ def test_the_package_and_its_errors_load_nothing_heavy(statement):
     assert not _heavy(loaded)
 
 
-@pytest.mark.parametrize(
-    "module", ["streampack.client", "streampack.wire", "streampack.settings"]
-)
+@pytest.mark.parametrize("module", ["streampack.client", "streampack.wire", "streampack.settings"])
 def test_the_client_side_loads_no_numba_decoder_audit_packer_or_service(module):
     loaded = _loaded_after(f"import {module}")
     assert not _heavy(loaded)
-    forbidden = {"streampack.decoder", "streampack.audit", "streampack.packing",
-                 "streampack.kernels", "streampack.trace", "streampack.service"}
+    forbidden = {
+        "streampack.decoder",
+        "streampack.audit",
+        "streampack.packing",
+        "streampack.kernels",
+        "streampack.trace",
+        "streampack.service",
+    }
     assert not {m for m in loaded if any(m == f or m.startswith(f"{f}.") for f in forbidden)}
 
 
@@ -84,9 +98,7 @@ def _library_modules() -> list[Path]:
     return sorted(p for p in LIBRARY.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-@pytest.mark.parametrize(
-    "path", _library_modules(), ids=lambda p: str(p.relative_to(ROOT))
-)
+@pytest.mark.parametrize("path", _library_modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_library_module_imports_the_service_or_reaches_up_to_the_package(path):
     """Statically, including imports inside functions: the core never imports the
     service (the CLI names service modules as strings, imported on demand), and no
@@ -199,12 +211,18 @@ def test_the_cli_imports_only_the_chosen_subcommand():
 
 def test_the_help_of_one_subcommand_works_without_the_others(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "streampack.cli", "health", "--help"], cwd=ROOT,
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "streampack.cli", "health", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0 and "--endpoint" in out.stdout
     out = subprocess.run(
-        [sys.executable, "-m", "streampack.cli", "no-such-command"], cwd=ROOT,
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "streampack.cli", "no-such-command"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 2 and "invalid choice: 'no-such-command'" in out.stderr

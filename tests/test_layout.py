@@ -31,7 +31,8 @@ def test_every_package_folder_is_listed_under_its_import_name():
         if "__pycache__" not in init.parts
     }
     as_imported = {
-        name.replace("workers", "streampack.service", 1) if name.split(".")[0] == "workers"
+        name.replace("workers", "streampack.service", 1)
+        if name.split(".")[0] == "workers"
         else name
         for name in on_disk
     }
@@ -47,8 +48,12 @@ def test_service_imports_as_streampack_service_and_workers_is_not_installed(tmp_
         "print(importlib.util.find_spec('workers') is None)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
-        timeout=60, check=True,
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     folder, workers_missing = out.stdout.split()
     # An editable install runs the checkout's workers/ folder; a wheel, streampack/service/.

@@ -19,7 +19,8 @@ from streampack.logs import escape, setup_logging
 
 TEXT_LINE = re.compile(
     r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) +"
-    r"(?P<role>[a-z]+)\[(?P<identity>[^\]]+)\] (?P<logger>[\w.]+): (?P<message>.*)$")
+    r"(?P<role>[a-z]+)\[(?P<identity>[^\]]+)\] (?P<logger>[\w.]+): (?P<message>.*)$"
+)
 FORGED = "\n2026-01-01T00:00:00.000Z ERROR   producer[x:1] forged: give me root\r"
 
 
@@ -44,7 +45,10 @@ def test_text_lines_carry_time_level_role_identity_and_escape_peer_text(restore_
     first, second = (TEXT_LINE.match(line) for line in lines)
     assert first and second
     assert first["role"] == "worker" and first["identity"] == "node-3:4121"
-    assert first["logger"] == "streampack.service.worker" and first["message"] == "connecting to tcp://h:5555"
+    assert (
+        first["logger"] == "streampack.service.worker"
+        and first["message"] == "connecting to tcp://h:5555"
+    )
     assert lines[1].split()[1] == "WARNING"
     assert second["message"] == "rejected a message: " + escape(FORGED)
     assert "\\n2026-01-01" in second["message"] and second["message"].endswith("\\r")
@@ -75,8 +79,14 @@ def test_json_lines_are_one_object_each_with_the_peer_text_intact(restore_loggin
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$", entry["time"])
     # A second setup replaces the first handler instead of doubling every line.
     setup_logging("serve", fmt="json", identity="h:2", stream=out)
-    assert sum(1 for h in logging.getLogger().handlers if h.formatter.__class__.__name__
-               == "JsonFormatter") == 1
+    assert (
+        sum(
+            1
+            for h in logging.getLogger().handlers
+            if h.formatter.__class__.__name__ == "JsonFormatter"
+        )
+        == 1
+    )
 
 
 def test_unknown_format_or_level_is_refused(restore_logging):
@@ -89,11 +99,21 @@ def test_unknown_format_or_level_is_refused(restore_logging):
 def test_serve_and_its_workers_log_json_lines_a_hostile_peer_cannot_break():
     worker_endpoint = f"tcp://127.0.0.1:{svc.free_port()}"
     consumer_endpoint = f"tcp://127.0.0.1:{svc.free_port()}"
-    proc = svc.start("serve", "--workers", "1", "--log-format", "json",
-                     "--worker-endpoint", worker_endpoint,
-                     "--consumer-endpoint", consumer_endpoint, "--grace", "2",
-                     *svc.flags({"corpus": str(svc.FIXTURE), **svc.SMALL}),
-                     stderr=subprocess.PIPE)
+    proc = svc.start(
+        "serve",
+        "--workers",
+        "1",
+        "--log-format",
+        "json",
+        "--worker-endpoint",
+        worker_endpoint,
+        "--consumer-endpoint",
+        consumer_endpoint,
+        "--grace",
+        "2",
+        *svc.flags({"corpus": str(svc.FIXTURE), **svc.SMALL}),
+        stderr=subprocess.PIPE,
+    )
     try:
         svc.wait_healthy(consumer_endpoint)
         context = zmq.Context()
@@ -114,8 +134,9 @@ def test_serve_and_its_workers_log_json_lines_a_hostile_peer_cannot_break():
     entries = [json.loads(line) for line in err.splitlines()]  # every line is one object
     roles = {entry["role"] for entry in entries}
     assert roles == {"serve", "worker"}, roles
-    assert {entry["identity"] for entry in entries if entry["role"] == "worker"} != \
-        {entry["identity"] for entry in entries if entry["role"] == "serve"}
+    assert {entry["identity"] for entry in entries if entry["role"] == "worker"} != {
+        entry["identity"] for entry in entries if entry["role"] == "serve"
+    }
     messages = [entry["message"] for entry in entries]
     assert any("worker 0 started as pid" in m for m in messages)
     assert any("connecting to" in m for m in messages)

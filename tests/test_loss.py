@@ -15,8 +15,11 @@ LN2 = math.log(2)
 
 @pytest.fixture(scope="module")
 def batch() -> sp.PackedBatch:
-    return sp.pack_examples(sp.Examples.from_documents([A, B, C]), BINDING,
-                            sp.PackConfig(capacity=6, max_rows_per_batch=2)).batches[0]
+    return sp.pack_examples(
+        sp.Examples.from_documents([A, B, C]),
+        BINDING,
+        sp.PackConfig(capacity=6, max_rows_per_batch=2),
+    ).batches[0]
 
 
 def probe(batch):

@@ -61,8 +61,9 @@ def compiled_kernels():
 
 @pytest.mark.parametrize("count", [20_000, 60_000, 120_000])
 def test_metadata_peak_bounds_measured_peak_rss_growth_c8(count):
-    out = subprocess.run([sys.executable, "-c", PROBE, str(count), "256"],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(count), "256"], check=True, capture_output=True, text=True
+    ).stdout
     measured = json.loads(out)
     assert measured["growth"] <= measured["peak"], measured
     # ...and it is not a loose bound either: the call really touches most of it.

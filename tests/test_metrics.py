@@ -32,8 +32,12 @@ from streampack.errors import InvalidConfig
 from streampack.render import load_batch
 from streampack.settings import ProducerSettings
 
-BINDING = {"vocab_size": 512, "tokenizer": "metrics-test", "split_receipt": "metrics",
-           "partition": "train"}
+BINDING = {
+    "vocab_size": 512,
+    "tokenizer": "metrics-test",
+    "split_receipt": "metrics",
+    "partition": "train",
+}
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -67,10 +71,16 @@ def exported_names(scraped: dict) -> set[str]:
 
 
 def test_the_collector_reads_the_producers_counters_at_scrape_time():
-    producer = Producer(ProducerSettings(corpus=str(FIXTURE), capacity=256,
-                                         window_tokens=3000, window_budget_bytes=1 << 20))
-    metrics = ProducerMetrics(producer.snapshot, window_budget_bytes=1 << 20,
-                              reorder_budget_bytes=producer.settings.reorder_budget_bytes)
+    producer = Producer(
+        ProducerSettings(
+            corpus=str(FIXTURE), capacity=256, window_tokens=3000, window_budget_bytes=1 << 20
+        )
+    )
+    metrics = ProducerMetrics(
+        producer.snapshot,
+        window_budget_bytes=1 << 20,
+        reorder_budget_bytes=producer.settings.reorder_budget_bytes,
+    )
     before = samples(generate_latest(metrics.registry).decode())
     assert value(before, "streampack_batches_served_total") == 0
     assert value(before, "streampack_documents_quarantined_total", reason="too_long") == 0
@@ -103,12 +113,15 @@ def test_the_collector_reads_the_producers_counters_at_scrape_time():
     # Every exported name is documented in METRICS (which the dashboard test reads).
     worker = WorkerMetrics({"windows": 1})
     names = exported_names(after) | exported_names(
-        samples(generate_latest(worker.registry).decode()))
+        samples(generate_latest(worker.registry).decode())
+    )
     assert names - set(METRICS) == set()
     # Counted once reported, or once a batch was served:
-    assert set(METRICS) - names <= {"streampack_pack_seconds_total",
-                                    "streampack_source_tokens_served_total",
-                                    "streampack_source_documents_served_total"}
+    assert set(METRICS) - names <= {
+        "streampack_pack_seconds_total",
+        "streampack_source_tokens_served_total",
+        "streampack_source_documents_served_total",
+    }
 
 
 def test_a_port_that_cannot_be_used_is_one_clear_error():
@@ -138,12 +151,20 @@ def write_corpus(root: Path) -> dict[str, int]:
             lines.append(json.dumps({"tokens": [5] * 300}))
             reasons["too_long"] += 1
         else:
-            lines.append(json.dumps({"tokens": rng.integers(0, 512, int(rng.integers(2, 180)))
-                                     .tolist()}))
+            lines.append(
+                json.dumps({"tokens": rng.integers(0, 512, int(rng.integers(2, 180))).tolist()})
+            )
     (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    (root / "manifest.json").write_text(json.dumps(
-        {"format": "streampack-corpus", "version": 1, "binding": BINDING,
-         "jsonl": ["docs.jsonl"]}))
+    (root / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "streampack-corpus",
+                "version": 1,
+                "binding": BINDING,
+                "jsonl": ["docs.jsonl"],
+            }
+        )
+    )
     return dict(reasons)
 
 
@@ -151,8 +172,9 @@ def test_scraped_metrics_agree_with_the_consumers_and_the_quarantine_file(tmp_pa
     reasons = write_corpus(tmp_path)
     quarantine = tmp_path / "quarantine.jsonl"
     port = free_port()
-    with Service(tmp_path, serve_workers=2, quarantine_path=str(quarantine),
-                 metrics_port=port) as service:
+    with Service(
+        tmp_path, serve_workers=2, quarantine_path=str(quarantine), metrics_port=port
+    ) as service:
         ranks = [consume(service.consumer_endpoint, r, 2) for r in (0, 1)]
         outputs = [result(proc) for proc in ranks]
         producer = scrape(port)
@@ -160,33 +182,40 @@ def test_scraped_metrics_agree_with_the_consumers_and_the_quarantine_file(tmp_pa
         workers = [scrape(port + 1 + slot) for slot in (0, 1)]
         # A rank's batch saved by consume, for `streampack inspect --batch-file`.
         saved = tmp_path / "batch.npz"
-        result(consume(service.consumer_endpoint, 1, 2, "--max-batches", "2",
-                       "--save-batch", str(saved)))
+        result(
+            consume(
+                service.consumer_endpoint, 1, 2, "--max-batches", "2", "--save-batch", str(saved)
+            )
+        )
     want = expected(tmp_path, 1, 2)["list"][1]  # (epoch, index, digest) of rank 1's 2nd
     assert want[:2] == (0, 3) and load_batch(saved).digest() == want[2]
     # What the consumers received.
     batches = sum(o["batches"] - o["fillers"] for o in outputs)
-    assert value(producer, "streampack_batches_served_total") == batches == \
-        health["batches_served"]
+    assert value(producer, "streampack_batches_served_total") == batches == health["batches_served"]
     assert value(producer, "streampack_fillers_served_total") == sum(o["fillers"] for o in outputs)
     for rank, output in enumerate(outputs):
-        assert value(producer, "streampack_tokens_served_total", rank=str(rank)) == \
-            output["tokens"]
+        assert value(producer, "streampack_tokens_served_total", rank=str(rank)) == output["tokens"]
     tokens = sum(o["tokens"] for o in outputs)
     cells = value(producer, "streampack_cells_served_total")
     assert cells == batches * 4 * 256 or 0 < cells < batches * 4 * 256
     assert value(producer, "streampack_fill_ratio") == pytest.approx(tokens / cells)
     # What the quarantine file holds, by reason, and every known reason at 0 besides.
-    written = collections.Counter(json.loads(line)["reason"]
-                                  for line in quarantine.read_text().splitlines())
+    written = collections.Counter(
+        json.loads(line)["reason"] for line in quarantine.read_text().splitlines()
+    )
     assert written == reasons
     for reason in QUARANTINE_REASONS:
-        assert value(producer, "streampack_documents_quarantined_total", reason=reason) == \
-            written.get(reason, 0) == health["quarantine_reasons"].get(reason, 0)
+        assert (
+            value(producer, "streampack_documents_quarantined_total", reason=reason)
+            == written.get(reason, 0)
+            == health["quarantine_reasons"].get(reason, 0)
+        )
     # Gauges against their budgets, and the workers.
     assert value(producer, "streampack_workers") == 2
-    assert value(producer, "streampack_window_bytes_peak") <= \
-        value(producer, "streampack_window_budget_bytes") + 64 * 1024
+    assert (
+        value(producer, "streampack_window_bytes_peak")
+        <= value(producer, "streampack_window_budget_bytes") + 64 * 1024
+    )
     assert value(producer, "streampack_pending_fetches") == 0
     assert value(producer, "streampack_windows_reissued_total") == 0
     received = value(producer, "streampack_batches_received_total")
@@ -227,10 +256,12 @@ def test_the_client_counts_what_it_yielded_and_how_long_it_waited():
     assert 1 <= counters["waits"] <= counters["batches"]
     assert 0 < counters["seconds_blocked"] < wall
     assert counters["bytes_received"] > 0
-    for key, name in (("batches", "streampack_client_batches_total"),
-                      ("waits", "streampack_client_waits_total"),
-                      ("seconds_blocked", "streampack_client_blocked_seconds_total"),
-                      ("bytes_received", "streampack_client_bytes_received_total")):
+    for key, name in (
+        ("batches", "streampack_client_batches_total"),
+        ("waits", "streampack_client_waits_total"),
+        ("seconds_blocked", "streampack_client_blocked_seconds_total"),
+        ("bytes_received", "streampack_client_bytes_received_total"),
+    ):
         assert value(scraped, name, rank="0") == pytest.approx(counters[key])
     assert exported_names(scraped) == set(CLIENT_METRICS)
 
@@ -243,14 +274,26 @@ def all_exported_names() -> set[str]:
     producer.coordinator.counters.pack_seconds += 0.5
     producer.coordinator.counters.served_to_rank(0, 1)
     producer.coordinator.counters.served_by_source(np.zeros(1, np.int32), np.ones(1, np.int64))
-    registries = [ProducerMetrics(producer.snapshot, window_budget_bytes=1,
-                                  reorder_budget_bytes=1).registry,
-                  WorkerMetrics({}).registry, CollectorRegistry(auto_describe=False)]
+    registries = [
+        ProducerMetrics(producer.snapshot, window_budget_bytes=1, reorder_budget_bytes=1).registry,
+        WorkerMetrics({}).registry,
+        CollectorRegistry(auto_describe=False),
+    ]
 
     class Stream:
         def metrics(self) -> dict:
-            return dict.fromkeys(("batches", "fillers", "bytes_received", "waits",
-                                  "seconds_blocked", "rejected", "resent"), 0) | {"rank": 0}
+            return dict.fromkeys(
+                (
+                    "batches",
+                    "fillers",
+                    "bytes_received",
+                    "waits",
+                    "seconds_blocked",
+                    "rejected",
+                    "resent",
+                ),
+                0,
+            ) | {"rank": 0}
 
     registries[2].register(ClientCollector(Stream()))
     names = set()
@@ -277,18 +320,28 @@ def test_every_dashboard_query_names_a_metric_the_code_exports():
             assert names, (panel["title"], target["expr"])
             for name in names:
                 base = re.sub(r"_(bucket|count|sum)$", "", name)
-                assert name in exported or (base in exported and METRICS.get(
-                    base, ("",))[0] == "histogram"), (panel["title"], name)
+                assert name in exported or (
+                    base in exported and METRICS.get(base, ("",))[0] == "histogram"
+                ), (panel["title"], name)
             used |= names
     # The dashboard covers what an operator watches first.
-    for name in ("streampack_batches_served_total", "streampack_tokens_served_total",
-                 "streampack_documents_quarantined_total", "streampack_windows_reissued_total",
-                 "streampack_workers", "streampack_reorder_bytes",
-                 "streampack_reorder_budget_bytes", "streampack_window_bytes",
-                 "streampack_window_budget_bytes", "streampack_pending_fetches",
-                 "streampack_audit_failures_total", "streampack_fill_ratio",
-                 "streampack_window_pack_seconds_bucket", "streampack_serve_seconds_bucket",
-                 "streampack_client_blocked_seconds_total"):
+    for name in (
+        "streampack_batches_served_total",
+        "streampack_tokens_served_total",
+        "streampack_documents_quarantined_total",
+        "streampack_windows_reissued_total",
+        "streampack_workers",
+        "streampack_reorder_bytes",
+        "streampack_reorder_budget_bytes",
+        "streampack_window_bytes",
+        "streampack_window_budget_bytes",
+        "streampack_pending_fetches",
+        "streampack_audit_failures_total",
+        "streampack_fill_ratio",
+        "streampack_window_pack_seconds_bucket",
+        "streampack_serve_seconds_bucket",
+        "streampack_client_blocked_seconds_total",
+    ):
         assert name in used, name
 
 
@@ -307,9 +360,13 @@ def test_serve_refuses_worker_metrics_ports_past_65535():
 
     from _service import command, env
 
-    proc = subprocess.run(command("serve", "--corpus", str(FIXTURE), "--workers", "2",
-                                  "--metrics-port", "65534"),
-                          env=env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        command("serve", "--corpus", str(FIXTURE), "--workers", "2", "--metrics-port", "65534"),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0
     assert "metrics_port 65534: local workers serve theirs on the next 2 ports" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -322,26 +379,45 @@ def test_per_source_counters_agree_with_what_a_mixture_delivered(tmp_path):
     for name, low, count in (("a", 2, 30), ("b", 200, 12)):
         docs = [rng.integers(low, low + 198, size=int(n)) for n in rng.integers(5, 60, count)]
         np.save(tmp_path / f"{name}.tokens.npy", np.concatenate(docs).astype(np.int32))
-        np.save(tmp_path / f"{name}.offsets.npy",
-                np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64))
-    (tmp_path / "manifest.json").write_text(json.dumps(
-        {"format": "streampack-corpus", "version": 1, "binding": BINDING,
-         "sources": [{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}]}))
+        np.save(
+            tmp_path / f"{name}.offsets.npy",
+            np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64),
+        )
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "streampack-corpus",
+                "version": 1,
+                "binding": BINDING,
+                "sources": [{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}],
+            }
+        )
+    )
     port = free_port()
     tokens, documents = collections.Counter(), collections.Counter()
-    with Service(tmp_path, serve_workers=1, metrics_port=port, capacity=64,
-                 window_documents=8, window_tokens=300) as service:
+    with Service(
+        tmp_path,
+        serve_workers=1,
+        metrics_port=port,
+        capacity=64,
+        window_documents=8,
+        window_tokens=300,
+    ) as service:
         with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=60) as stream:
             for batch in stream:
                 occ = batch.occurrences
-                for source, length in zip(batch.sources.tolist(),
-                                          (occ["stop"] - occ["start"]).tolist()):
+                for source, length in zip(
+                    batch.sources.tolist(), (occ["stop"] - occ["start"]).tolist()
+                ):
                     tokens[str(source)] += length
                     documents[str(source)] += 1
         scraped = scrape(port)
     assert set(tokens) == {"0", "1"}
     for source in ("0", "1"):
-        assert value(scraped, "streampack_source_tokens_served_total", source=source) == \
-            tokens[source]
-        assert value(scraped, "streampack_source_documents_served_total", source=source) == \
-            documents[source]
+        assert (
+            value(scraped, "streampack_source_tokens_served_total", source=source) == tokens[source]
+        )
+        assert (
+            value(scraped, "streampack_source_documents_served_total", source=source)
+            == documents[source]
+        )

@@ -40,8 +40,11 @@ def reference_epoch(weights, sizes, stopping, shuffle=False, seed=0, epoch=0):
             if stopping == "first_exhausted" or all(exhausted):
                 return out
         cycle, within = divmod(n, sizes[source])
-        order = (permutation(sizes[source], seed, epoch, source, cycle) if shuffle
-                 else np.arange(sizes[source]))
+        order = (
+            permutation(sizes[source], seed, epoch, source, cycle)
+            if shuffle
+            else np.arange(sizes[source])
+        )
         out.append((source, int(order[within])))
         taken[source] += 1
     raise AssertionError("the reference epoch did not end")
@@ -55,19 +58,33 @@ def test_three_to_one_repeats_a_a_b_a():
     assert pick.tolist() == [0, 1, 0, 2, 3, 4, 1, 5, 6]
 
 
-@pytest.mark.parametrize(("weights", "ratios"), [
-    ([3, 1], (3, 1)), ([0.75, 0.25], (3, 1)), ([0.7, 0.3], (7, 3)), ([0.1, 0.2], (1, 2)),
-    ([2, 4, 6], (1, 2, 3)), ([5], (1,)),
-])
+@pytest.mark.parametrize(
+    ("weights", "ratios"),
+    [
+        ([3, 1], (3, 1)),
+        ([0.75, 0.25], (3, 1)),
+        ([0.7, 0.3], (7, 3)),
+        ([0.1, 0.2], (1, 2)),
+        ([2, 4, 6], (1, 2, 3)),
+        ([5], (1,)),
+    ],
+)
 def test_weights_become_the_exact_decimal_ratios(weights, ratios):
     assert integer_weights(weights) == ratios
 
 
-@pytest.mark.parametrize(("weights", "match"), [
-    ([], "at least one source"), ([1, 0], "source 1: weight 0 must be a positive"),
-    ([1, -2.5], "weight -2.5"), ([1, float("nan")], "weight nan"), ([True], "weight True"),
-    ([1, "2"], "weight '2'"), ([0.123457, 1], "period of 1123457 steps; at most 1048576"),
-])
+@pytest.mark.parametrize(
+    ("weights", "match"),
+    [
+        ([], "at least one source"),
+        ([1, 0], "source 1: weight 0 must be a positive"),
+        ([1, -2.5], "weight -2.5"),
+        ([1, float("nan")], "weight nan"),
+        ([True], "weight True"),
+        ([1, "2"], "weight '2'"),
+        ([0.123457, 1], "period of 1123457 steps; at most 1048576"),
+    ],
+)
 def test_bad_weights_are_refused_naming_them(weights, match):
     with pytest.raises(InvalidConfig, match=match):
         integer_weights(weights)
@@ -101,14 +118,19 @@ def test_every_prefix_holds_each_source_within_one_of_its_share(weights, steps):
 
 
 @settings(max_examples=80, deadline=None)
-@given(data=st.data(), stopping=st.sampled_from(["first_exhausted", "all_exhausted"]),
-       shuffle=st.booleans(), seed=st.integers(0, 3), epoch=st.integers(0, 2))
+@given(
+    data=st.data(),
+    stopping=st.sampled_from(["first_exhausted", "all_exhausted"]),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 3),
+    epoch=st.integers(0, 2),
+)
 def test_epoch_order_is_the_pick_by_pick_walk(data, stopping, shuffle, seed, epoch):
     weights = data.draw(weights_st)
-    sizes = data.draw(st.lists(st.integers(1, 12), min_size=len(weights),
-                               max_size=len(weights)))
-    source, document = epoch_order(Schedule.of(weights), sizes, stopping, shuffle=shuffle,
-                                   seed=seed, epoch=epoch)
+    sizes = data.draw(st.lists(st.integers(1, 12), min_size=len(weights), max_size=len(weights)))
+    source, document = epoch_order(
+        Schedule.of(weights), sizes, stopping, shuffle=shuffle, seed=seed, epoch=epoch
+    )
     want = reference_epoch(weights, sizes, stopping, shuffle, seed, epoch)
     assert list(zip(source.tolist(), document.tolist())) == want
     per_source = [document[source == k].tolist() for k in range(len(sizes))]
@@ -125,11 +147,11 @@ def test_three_to_one_epochs_over_sources_of_30_and_20_documents():
     schedule = Schedule.of([3, 1])
     assert schedule.epoch_length([30, 20], "first_exhausted") == 40
     assert schedule.epoch_length([30, 20], "all_exhausted") == 82
-    source, _ = epoch_order(schedule, [30, 20], "first_exhausted", shuffle=True, seed=1,
-                            epoch=0)
+    source, _ = epoch_order(schedule, [30, 20], "first_exhausted", shuffle=True, seed=1, epoch=0)
     assert np.bincount(source).tolist() == [30, 10]
-    source, document = epoch_order(schedule, [30, 20], "all_exhausted", shuffle=True, seed=1,
-                                   epoch=0)
+    source, document = epoch_order(
+        schedule, [30, 20], "all_exhausted", shuffle=True, seed=1, epoch=0
+    )
     assert np.bincount(source).tolist() == [62, 20]
 
 
@@ -142,13 +164,16 @@ def test_orders_depend_on_seed_and_epoch_only():
     assert not np.array_equal(a[1], c[1])
 
 
-@pytest.mark.parametrize(("start", "stop", "limit", "pieces", "cut"), [
-    ([0], [10], 4, [(0, 0, 4), (0, 4, 8), (0, 8, 10)], [2]),  # the docstring's picture
-    ([0], [9], 4, [(0, 0, 4), (0, 4, 8)], [2]),  # a last single token: no range, one pair
-    ([0], [12], 4, [(0, 0, 4), (0, 4, 8), (0, 8, 12)], [2]),  # exact: two cuts
-    ([0, 3], [4, 11], 4, [(0, 0, 4), (1, 3, 7), (1, 7, 11)], [0, 1]),
-    ([2], [2], 4, [], [0]),
-])
+@pytest.mark.parametrize(
+    ("start", "stop", "limit", "pieces", "cut"),
+    [
+        ([0], [10], 4, [(0, 0, 4), (0, 4, 8), (0, 8, 10)], [2]),  # the docstring's picture
+        ([0], [9], 4, [(0, 0, 4), (0, 4, 8)], [2]),  # a last single token: no range, one pair
+        ([0], [12], 4, [(0, 0, 4), (0, 4, 8), (0, 8, 12)], [2]),  # exact: two cuts
+        ([0, 3], [4, 11], 4, [(0, 0, 4), (1, 3, 7), (1, 7, 11)], [0, 1]),
+        ([2], [2], 4, [], [0]),
+    ],
+)
 def test_split_ranges_cuts_consecutive_ranges_of_at_most_limit(start, stop, limit, pieces, cut):
     owner, lo, hi, pairs_cut = split_ranges(np.array(start), np.array(stop), limit)
     assert list(zip(owner.tolist(), lo.tolist(), hi.tolist())) == pieces

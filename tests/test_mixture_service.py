@@ -20,8 +20,7 @@ from streampack.mixture import Schedule, epoch_order
 from streampack.windows import CutSpec, iter_windows
 
 BINDING = {"vocab_size": 512, "tokenizer": "test", "split_receipt": "mix", "partition": "train"}
-SHAPE = {"capacity": 64, "max_rows_per_batch": 4, "window_documents": 8,
-         "window_tokens": 300}
+SHAPE = {"capacity": 64, "max_rows_per_batch": 4, "window_documents": 8, "window_tokens": 300}
 MIXED = {"shuffle": True, "seed": 7, "epochs": 1}
 
 
@@ -33,8 +32,10 @@ def write_shard(root, name, documents):
 
 
 def documents(rng, count, low_token, lengths):
-    return [rng.integers(low_token, low_token + 198, size=int(n)) for n in
-            rng.integers(lengths[0], lengths[1], size=count)]
+    return [
+        rng.integers(low_token, low_token + 198, size=int(n))
+        for n in rng.integers(lengths[0], lengths[1], size=count)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -45,17 +46,24 @@ def mixture(tmp_path_factory):
     a, b = documents(rng, 30, 2, (5, 60)), documents(rng, 20, 200, (5, 60))
     write_shard(root, "a", a)
     write_shard(root, "b", b)
-    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
-                "sources": [{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}],
-                "stopping": "first_exhausted"}
+    manifest = {
+        "format": "streampack-corpus",
+        "version": 1,
+        "binding": BINDING,
+        "sources": [{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}],
+        "stopping": "first_exhausted",
+    }
     (root / "manifest.json").write_text(json.dumps(manifest))
     return {"path": root, "a": a, "b": b}
 
 
 def visited(path, **settings):
     """(source index, source id) of every document the epoch's windows hold, in order."""
-    spec = CutSpec(**{k: v for k, v in SHAPE.items() if k != "max_rows_per_batch"},
-                   shuffle=settings.get("shuffle", False), seed=settings.get("seed", 0))
+    spec = CutSpec(
+        **{k: v for k, v in SHAPE.items() if k != "max_rows_per_batch"},
+        shuffle=settings.get("shuffle", False),
+        seed=settings.get("seed", 0),
+    )
     reader = open_corpus(path)
     out = []
     for window in iter_windows(reader, 0, spec):
@@ -72,10 +80,11 @@ def test_a_3_to_1_mixture_visits_exactly_the_schedule(mixture):
     assert np.bincount([s for s, _ in got]).tolist() == [30, 10]
     ids = np.array([i for _, i in got])
     order = reader.epoch_order(0, True, 7)
-    assert ids.tolist() == order[0:len(order)].tolist()
+    assert ids.tolist() == order[0 : len(order)].tolist()
     assert np.concatenate([order[0:7], order[7:19], order[19:40]]).tolist() == ids.tolist()
-    source, document = epoch_order(Schedule.of([3, 1]), [30, 20], "first_exhausted",
-                                   shuffle=True, seed=7, epoch=0)
+    source, document = epoch_order(
+        Schedule.of([3, 1]), [30, 20], "first_exhausted", shuffle=True, seed=7, epoch=0
+    )
     assert ids.tolist() == (source * 30 + document).tolist()
     assert sorted(ids[ids < 30].tolist()) == list(range(30))  # all of A, once
     assert len(set(ids[ids >= 30].tolist())) == 10  # ten of B, no repeat
@@ -111,8 +120,9 @@ def test_a_mixture_streams_the_same_for_any_number_of_workers(mixture, workers):
         real = batch.input_valid
         assert np.array_equal(cells[real] == 1, batch.inputs[real] >= 200)  # B's tokens
         served += np.bincount(batch.sources, minlength=2)
-        tokens += np.bincount(batch.sources, weights=occ["stop"] - occ["start"],
-                              minlength=2).astype(np.int64)
+        tokens += np.bincount(
+            batch.sources, weights=occ["stop"] - occ["start"], minlength=2
+        ).astype(np.int64)
     assert served.tolist() == [30, 10]
     everything = mixture["a"] + mixture["b"]
     pairs = np.zeros(2, np.int64)
@@ -123,22 +133,28 @@ def test_a_mixture_streams_the_same_for_any_number_of_workers(mixture, workers):
     assert counted["tokens_served_by_source"] == {"0": int(tokens[0]), "1": int(tokens[1])}
 
 
-@pytest.mark.parametrize(("change", "match"), [
-    ({"sources": []}, "'sources' must be a non-empty list"),
-    ({"sources": [{"shards": ["a"]}]}, "source 0: no weight"),
-    ({"sources": [{"weight": 0, "shards": ["a"]}]}, "source 0: weight 0 must be a positive"),
-    ({"stopping": "longest"}, "stopping 'longest'; expected one of first_exhausted"),
-    ({"sources": [{"weight": 1, "shards": ["a"], "long_documents": "truncate"}]},
-     "source 0: long_documents 'truncate'; expected one of quarantine, split"),
-    ({"sources": [{"weight": 1, "shards": ["missing"]}]}, "missing"),
-])
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"sources": []}, "'sources' must be a non-empty list"),
+        ({"sources": [{"shards": ["a"]}]}, "source 0: no weight"),
+        ({"sources": [{"weight": 0, "shards": ["a"]}]}, "source 0: weight 0 must be a positive"),
+        ({"stopping": "longest"}, "stopping 'longest'; expected one of first_exhausted"),
+        (
+            {"sources": [{"weight": 1, "shards": ["a"], "long_documents": "truncate"}]},
+            "source 0: long_documents 'truncate'; expected one of quarantine, split",
+        ),
+        ({"sources": [{"weight": 1, "shards": ["missing"]}]}, "missing"),
+    ],
+)
 def test_a_bad_mixture_manifest_is_refused_naming_the_source(mixture, tmp_path, change, match):
     manifest = json.loads((mixture["path"] / "manifest.json").read_text()) | change
     path = tmp_path / "manifest.json"
     for name in ("a", "b"):
         for suffix in (".tokens.npy", ".offsets.npy"):
             (tmp_path / f"{name}{suffix}").write_bytes(
-                (mixture["path"] / f"{name}{suffix}").read_bytes())
+                (mixture["path"] / f"{name}{suffix}").read_bytes()
+            )
     path.write_text(json.dumps(manifest))
     with pytest.raises(InvalidConfig, match=match):
         open_corpus(path)
@@ -151,16 +167,25 @@ def long_corpus(tmp_path_factory):
     rng = np.random.default_rng(1)
     docs = [rng.integers(2, 500, size=n) for n in [10, 192, 30, 192, 65, 66, 192, 12]]
     write_shard(root, "docs", docs)
-    (root / "manifest.json").write_text(json.dumps({
-        "format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": ["docs"],
-        "long_documents": "split"}))
+    (root / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "streampack-corpus",
+                "version": 1,
+                "binding": BINDING,
+                "shards": ["docs"],
+                "long_documents": "split",
+            }
+        )
+    )
     return {"path": root, "docs": docs}
 
 
 def pairs_of(tokens, cuts=()):
     """Every (position, input, target) of a document, but those across ``cuts``."""
-    return {(i, int(tokens[i]), int(tokens[i + 1])) for i in range(len(tokens) - 1)
-            if i + 1 not in cuts}
+    return {
+        (i, int(tokens[i]), int(tokens[i + 1])) for i in range(len(tokens) - 1) if i + 1 not in cuts
+    }
 
 
 def test_long_documents_are_split_into_ranges_of_capacity_plus_one(long_corpus):
@@ -178,9 +203,10 @@ def test_long_documents_are_split_into_ranges_of_capacity_plus_one(long_corpus):
     got: dict[int, set] = {}
     for d, source in enumerate(window.source_id.tolist()):
         at = sum(lengths[i] for i in range(d) if window.source_id[i] == source)
-        piece = window.tokens[window.offsets[d]:window.offsets[d + 1]]
+        piece = window.tokens[window.offsets[d] : window.offsets[d + 1]]
         got.setdefault(source, set()).update(
-            (at + i, int(piece[i]), int(piece[i + 1])) for i in range(len(piece) - 1))
+            (at + i, int(piece[i]), int(piece[i + 1])) for i in range(len(piece) - 1)
+        )
     cuts = {192: (65, 130), 66: (65,)}
     for source, tokens in enumerate(long_corpus["docs"]):
         assert got[source] == pairs_of(tokens, cuts.get(len(tokens), ()))
@@ -203,8 +229,14 @@ def test_split_documents_train_on_every_pair_but_the_cuts_through_the_service(lo
     """Through real processes: every pair of every document arrives, once, but the
     pairs across the cuts; the producer's counters say how many documents were split
     and what the cuts cost."""
-    with Service(long_corpus["path"], serve_workers=2, capacity=64, max_rows_per_batch=2,
-                 window_documents=3, window_tokens=400) as service:
+    with Service(
+        long_corpus["path"],
+        serve_workers=2,
+        capacity=64,
+        max_rows_per_batch=2,
+        window_documents=3,
+        window_tokens=400,
+    ) as service:
         received = []
         thread = threading.Thread(target=drain, args=(service.consumer_endpoint, received))
         thread.start()
@@ -215,11 +247,15 @@ def test_split_documents_train_on_every_pair_but_the_cuts_through_the_service(lo
         for occ in batch.occurrences:
             row, lo, hi = int(occ["row"]), int(occ["start"]), int(occ["stop"])
             trained.setdefault(int(occ["source_id"]), []).extend(
-                zip(batch.inputs[row, lo:hi].tolist(), batch.targets[row, lo:hi].tolist()))
+                zip(batch.inputs[row, lo:hi].tolist(), batch.targets[row, lo:hi].tolist())
+            )
     cuts = {192: (65, 130), 66: (65,)}
     for source, tokens in enumerate(long_corpus["docs"]):
-        want = [(int(tokens[i]), int(tokens[i + 1])) for i in range(len(tokens) - 1)
-                if i + 1 not in cuts.get(len(tokens), ())]
+        want = [
+            (int(tokens[i]), int(tokens[i + 1]))
+            for i in range(len(tokens) - 1)
+            if i + 1 not in cuts.get(len(tokens), ())
+        ]
         assert trained[source] == want
     assert (stats["documents_split"], stats["pairs_cut"]) == (4, 7)
     assert stats["quarantined"] == 0
@@ -233,10 +269,17 @@ def test_a_mixture_with_a_json_lines_source_follows_the_schedule(mixture, tmp_pa
     (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
     for suffix in (".tokens.npy", ".offsets.npy"):
         (tmp_path / f"a{suffix}").write_bytes((mixture["path"] / f"a{suffix}").read_bytes())
-    (tmp_path / "manifest.json").write_text(json.dumps({
-        "format": "streampack-corpus", "version": 1, "binding": BINDING,
-        "sources": [{"weight": 2, "shards": ["a"]}, {"weight": 1, "jsonl": ["b.jsonl"]}],
-        "stopping": "all_exhausted"}))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "streampack-corpus",
+                "version": 1,
+                "binding": BINDING,
+                "sources": [{"weight": 2, "shards": ["a"]}, {"weight": 1, "jsonl": ["b.jsonl"]}],
+                "stopping": "all_exhausted",
+            }
+        )
+    )
     reader, got = visited(tmp_path, shuffle=shuffle, seed=3)
     assert not reader.random_access and reader.sizes == [30, 20]
     length = Schedule.of([2, 1]).epoch_length([30, 20], "all_exhausted")

@@ -18,8 +18,7 @@ packers = pytest.mark.parametrize("pack", PACKERS.values(), ids=PACKERS.keys())
 policies = pytest.mark.parametrize("policy", sp.PackConfig.POLICIES)
 
 
-def with_policy(config: sp.PackConfig, policy: str, open_rows: int | None = None
-                ) -> sp.PackConfig:
+def with_policy(config: sp.PackConfig, policy: str, open_rows: int | None = None) -> sp.PackConfig:
     return dataclasses.replace(config, policy=policy, open_rows=open_rows)
 
 
@@ -29,8 +28,11 @@ def rows_of(batches, field):
 
 @packers
 def test_worked_example_rows_c1_c2_c4(pack):
-    batches = pack(sp.Examples.from_documents([A, B, C]), BINDING,
-                   sp.PackConfig(capacity=6, max_rows_per_batch=2))
+    batches = pack(
+        sp.Examples.from_documents([A, B, C]),
+        BINDING,
+        sp.PackConfig(capacity=6, max_rows_per_batch=2),
+    )
     assert len(batches) == 1
     assert rows_of(batches, "inputs") == [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]]
     assert rows_of(batches, "targets") == [[99, 100, 1, 101, 1, -1], [102, 103, 104, 1, -1, -1]]
@@ -44,8 +46,9 @@ def test_worked_example_rows_c1_c2_c4(pack):
 
 @packers
 def test_last_pair_of_a_predicts_its_own_eos_not_bs_bos_c1(pack):
-    batch = pack(sp.Examples.from_documents([A, B]), BINDING,
-                 sp.PackConfig(capacity=6, max_rows_per_batch=1))[0]
+    batch = pack(
+        sp.Examples.from_documents([A, B]), BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=1)
+    )[0]
     assert batch.inputs[0, 2] == 100 and batch.targets[0, 2] == 1  # A's EOS
     assert batch.inputs[0, 3] == 0  # B's BOS is an input of B, never a target of A
     assert 0 not in batch.targets[0, :3].tolist()
@@ -62,8 +65,13 @@ def test_interior_range_adds_no_bos_or_eos_c1(pack):
 @packers
 def test_two_uses_of_one_document_and_range_get_distinct_segments_c3(pack):
     examples = sp.Examples(
-        tokens=[0, 101, 1], offsets=[0, 3], doc=[0, 0], start=[0, 0], stop=[3, 3],
-        source_id=[7, 7], example_id=[9, 9],
+        tokens=[0, 101, 1],
+        offsets=[0, 3],
+        doc=[0, 0],
+        start=[0, 0],
+        stop=[3, 3],
+        source_id=[7, 7],
+        example_id=[9, 9],
     )
     batch = pack(examples, BINDING, sp.PackConfig(capacity=4, max_rows_per_batch=1))[0]
     assert batch.segments[0].tolist() == [0, 0, 1, 1]
@@ -80,8 +88,11 @@ def test_exact_fill_makes_no_empty_row_c2(pack):
     batches = pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=4))
     assert [b.rows for b in batches] == [2]
     assert batches[0].valid_lengths.tolist() == [6, 1]
-    exact = pack(sp.Examples.from_documents([[1, 2, 3, 4]] * 2), BINDING,
-                 sp.PackConfig(capacity=6, max_rows_per_batch=4))
+    exact = pack(
+        sp.Examples.from_documents([[1, 2, 3, 4]] * 2),
+        BINDING,
+        sp.PackConfig(capacity=6, max_rows_per_batch=4),
+    )
     assert [b.rows for b in exact] == [1]
 
 
@@ -113,8 +124,9 @@ def test_last_batch_keeps_its_smaller_row_count_c2(pack):
 
 @packers
 def test_oversized_example_is_an_error_naming_it_c2(pack):
-    examples = sp.Examples.from_documents([[1, 2], [1, 2, 3, 4, 5, 6, 7, 8]],
-                                          source_ids=[10, 11], example_ids=[20, 21])
+    examples = sp.Examples.from_documents(
+        [[1, 2], [1, 2, 3, 4, 5, 6, 7, 8]], source_ids=[10, 11], example_ids=[20, 21]
+    )
     with pytest.raises(sp.OversizedExample, match=r"example 1 \(source_id 11, example_id 21\)"):
         pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=1))
 
@@ -138,8 +150,9 @@ def test_out_of_vocabulary_token_outside_every_range_is_never_read():
 
 
 def test_empty_examples_give_an_empty_epoch():
-    epoch = sp.pack_examples(sp.Examples.from_documents([]), BINDING,
-                             sp.PackConfig(capacity=4, max_rows_per_batch=1))
+    epoch = sp.pack_examples(
+        sp.Examples.from_documents([]), BINDING, sp.PackConfig(capacity=4, max_rows_per_batch=1)
+    )
     assert (epoch.batches, epoch.row_count, epoch.occurrence_count) == ([], 0, 0)
 
 
@@ -149,20 +162,32 @@ def test_max_cells_refuses_a_batch_before_allocating_c8():
     with pytest.raises(sp.CapacityError, match=r"3 rows x capacity 4 = 12 cells but max_cells=8"):
         sp.pack_examples(examples, BINDING, config)
     # Two rows fit under the same limit.
-    assert sp.pack_examples(sp.Examples.from_documents([[1, 2, 3, 4, 5]] * 2), BINDING,
-                            config).row_count == 2
+    assert (
+        sp.pack_examples(
+            sp.Examples.from_documents([[1, 2, 3, 4, 5]] * 2), BINDING, config
+        ).row_count
+        == 2
+    )
 
 
 def test_metadata_budget_refuses_with_both_numbers_c8():
     examples = sp.Examples.from_documents([[1, 2, 3]] * 100)
-    needed = sp.pack_examples(examples, BINDING,
-                              sp.PackConfig(capacity=64, max_rows_per_batch=2)).metadata_peak
-    with pytest.raises(sp.MetadataBudgetError,
-                       match=rf"needs {needed} bytes but max_metadata_bytes={needed - 1}"):
-        sp.pack_examples(examples, BINDING, sp.PackConfig(
-            capacity=64, max_rows_per_batch=2, max_metadata_bytes=needed - 1))
-    sp.pack_examples(examples, BINDING, sp.PackConfig(
-        capacity=64, max_rows_per_batch=2, max_metadata_bytes=needed))
+    needed = sp.pack_examples(
+        examples, BINDING, sp.PackConfig(capacity=64, max_rows_per_batch=2)
+    ).metadata_peak
+    with pytest.raises(
+        sp.MetadataBudgetError, match=rf"needs {needed} bytes but max_metadata_bytes={needed - 1}"
+    ):
+        sp.pack_examples(
+            examples,
+            BINDING,
+            sp.PackConfig(capacity=64, max_rows_per_batch=2, max_metadata_bytes=needed - 1),
+        )
+    sp.pack_examples(
+        examples,
+        BINDING,
+        sp.PackConfig(capacity=64, max_rows_per_batch=2, max_metadata_bytes=needed),
+    )
 
 
 def test_budget_is_checked_before_a_huge_allocation_c8():
@@ -185,8 +210,11 @@ def test_segment_ids_are_global_occurrence_ordinals_across_batches_c3():
 @st.composite
 def packing_inputs(draw):
     vocab = draw(st.integers(2, 50))
-    documents = draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=2, max_size=12),
-                              min_size=1, max_size=8))
+    documents = draw(
+        st.lists(
+            st.lists(st.integers(0, vocab - 1), min_size=2, max_size=12), min_size=1, max_size=8
+        )
+    )
     capacity = draw(st.integers(11, 16))
     count = draw(st.integers(0, 20))
     doc = draw(st.lists(st.integers(0, len(documents) - 1), min_size=count, max_size=count))
@@ -197,8 +225,11 @@ def packing_inputs(draw):
         ranges.append((start, draw(st.integers(start + 2, n))))
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in documents])])
     examples = sp.Examples(
-        tokens=np.concatenate(documents), offsets=offsets, doc=doc,
-        start=[r[0] for r in ranges], stop=[r[1] for r in ranges],
+        tokens=np.concatenate(documents),
+        offsets=offsets,
+        doc=doc,
+        start=[r[0] for r in ranges],
+        stop=[r[1] for r in ranges],
         source_id=draw(st.lists(st.integers(0, 99), min_size=count, max_size=count)),
     )
     config = sp.PackConfig(capacity=capacity, max_rows_per_batch=draw(st.integers(1, 4)))
@@ -267,7 +298,7 @@ def test_padding_may_not_fill_the_middle_of_a_row(pack):
     batch = pack(examples, BINDING, sp.PackConfig(capacity=6, max_rows_per_batch=4))[0]
     for r in range(batch.rows):
         valid = batch.input_valid[r]
-        assert valid[: batch.valid_lengths[r]].all() and not valid[batch.valid_lengths[r]:].any()
+        assert valid[: batch.valid_lengths[r]].all() and not valid[batch.valid_lengths[r] :].any()
 
 
 def test_occurrence_count_must_fit_int32_segment_ids_c3(monkeypatch):
@@ -311,8 +342,9 @@ def test_plans_from_ranges_alone_are_the_plans_of_pack_compact(policy, case):
     occurrences, sizes = sp.packing.plan_compact(examples, binding, config)
     lengths = examples.offsets[examples.doc + 1] - examples.offsets[examples.doc]
     offsets = np.concatenate([[0], np.cumsum(lengths)])  # example i selects from document i
-    got, got_sizes = sp.packing.plan_ranges(offsets, examples.start, examples.stop,
-                                            examples.source_id, examples.example_id, config)
+    got, got_sizes = sp.packing.plan_ranges(
+        offsets, examples.start, examples.stop, examples.source_id, examples.example_id, config
+    )
     np.testing.assert_array_equal(got_sizes, sizes)
     np.testing.assert_array_equal(got["doc"], got["ordinal"])
     for field in sp.OCCURRENCE_DTYPE.names:
@@ -334,13 +366,22 @@ def test_plans_from_ranges_alone_are_the_plans_of_pack_compact(policy, case):
 def test_plans_from_ranges_refuse_bad_ranges_by_name(offsets, start, stop, error, message):
     ids = np.array([10, 11])
     with pytest.raises(error, match=message):
-        sp.packing.plan_ranges(np.array(offsets), np.array(start), np.array(stop), ids, ids,
-                               sp.PackConfig(capacity=8, max_rows_per_batch=2))
+        sp.packing.plan_ranges(
+            np.array(offsets),
+            np.array(start),
+            np.array(stop),
+            ids,
+            ids,
+            sp.PackConfig(capacity=8, max_rows_per_batch=2),
+        )
 
 
 def _worked_compact() -> sp.CompactBatch:
-    (compact,) = sp.pack_compact(sp.Examples.from_documents([A, B, C]), BINDING,
-                                 sp.PackConfig(capacity=6, max_rows_per_batch=2))
+    (compact,) = sp.pack_compact(
+        sp.Examples.from_documents([A, B, C]),
+        BINDING,
+        sp.PackConfig(capacity=6, max_rows_per_batch=2),
+    )
     return compact
 
 
@@ -354,8 +395,13 @@ def _tampered(field: str, index: int, value: int) -> sp.CompactBatch:
     compact = _worked_compact()
     occurrences = compact.occurrences.copy()
     occurrences[field][index] = value
-    return sp.CompactBatch(tokens=compact.tokens, occurrences=occurrences, rows=compact.rows,
-                           capacity=compact.capacity, binding=compact.binding)
+    return sp.CompactBatch(
+        tokens=compact.tokens,
+        occurrences=occurrences,
+        rows=compact.rows,
+        capacity=compact.capacity,
+        binding=compact.binding,
+    )
 
 
 @pytest.mark.parametrize(
@@ -367,15 +413,36 @@ def _tampered(field: str, index: int, value: int) -> sp.CompactBatch:
         (lambda: _tampered("ordinal", 1, 0), "increase along each row"),
         (lambda: _tampered("segment", 1, 0), "segment must equal the ordinal"),
         (lambda: _tampered("range_stop", 0, 9), "range length"),
-        (lambda: sp.CompactBatch(tokens=np.array([0, 999] + B + C, np.int32),
-                                 occurrences=_worked_compact().occurrences[:2], rows=1,
-                                 capacity=6, binding=BINDING), "token count"),
-        (lambda: sp.CompactBatch(tokens=np.array([0, 999, 100, 1] + B + C, np.int32),
-                                 occurrences=_worked_compact().occurrences, rows=2,
-                                 capacity=6, binding=BINDING), "outside the vocabulary"),
-        (lambda: sp.CompactBatch(tokens=_worked_compact().tokens,
-                                 occurrences=_worked_compact().occurrences, rows=2,
-                                 capacity=10**9, binding=BINDING), "rows x capacity <= 1000"),
+        (
+            lambda: sp.CompactBatch(
+                tokens=np.array([0, 999] + B + C, np.int32),
+                occurrences=_worked_compact().occurrences[:2],
+                rows=1,
+                capacity=6,
+                binding=BINDING,
+            ),
+            "token count",
+        ),
+        (
+            lambda: sp.CompactBatch(
+                tokens=np.array([0, 999, 100, 1] + B + C, np.int32),
+                occurrences=_worked_compact().occurrences,
+                rows=2,
+                capacity=6,
+                binding=BINDING,
+            ),
+            "outside the vocabulary",
+        ),
+        (
+            lambda: sp.CompactBatch(
+                tokens=_worked_compact().tokens,
+                occurrences=_worked_compact().occurrences,
+                rows=2,
+                capacity=10**9,
+                binding=BINDING,
+            ),
+            "rows x capacity <= 1000",
+        ),
     ],
 )
 def test_a_compact_batch_from_elsewhere_is_checked_before_it_is_expanded(batch, message):
@@ -386,8 +453,9 @@ def test_a_compact_batch_from_elsewhere_is_checked_before_it_is_expanded(batch, 
 def test_compact_filler_expands_to_an_all_padding_batch():
     filler = sp.CompactBatch.filler_like(BINDING, rows=2, capacity=6).checked(max_cells=12)
     expanded = filler.expand()
-    assert expanded.filler and expanded.digest() == sp.PackedBatch.filler_like(
-        BINDING, 2, 6).digest()
+    assert (
+        expanded.filler and expanded.digest() == sp.PackedBatch.filler_like(BINDING, 2, 6).digest()
+    )
 
 
 def test_compact_packing_keeps_the_budget_but_needs_far_less_of_it_c8():
@@ -399,15 +467,19 @@ def test_compact_packing_keeps_the_budget_but_needs_far_less_of_it_c8():
         sp.pack_examples(examples, BINDING, tight)
     assert len(sp.pack_compact(examples, BINDING, tight)) == 2  # 4 bytes a token, not 23 a cell
     with pytest.raises(sp.MetadataBudgetError, match="max_metadata_bytes=1000"):
-        sp.pack_compact(examples, BINDING, sp.PackConfig(
-            capacity=64, max_rows_per_batch=2, max_metadata_bytes=1000))
+        sp.pack_compact(
+            examples,
+            BINDING,
+            sp.PackConfig(capacity=64, max_rows_per_batch=2, max_metadata_bytes=1000),
+        )
 
 
 # -- the opt-in best-fit policy ----------------------------------------------------------
 
 IMPLEMENTATIONS = {"compiled": compiled_pack, "reference": reference_pack}
-implementations = pytest.mark.parametrize("pack", IMPLEMENTATIONS.values(),
-                                          ids=IMPLEMENTATIONS.keys())
+implementations = pytest.mark.parametrize(
+    "pack", IMPLEMENTATIONS.values(), ids=IMPLEMENTATIONS.keys()
+)
 
 
 def pairs(*lengths: int) -> sp.Examples:
@@ -427,18 +499,22 @@ def test_best_fit_docstring_picture(pack):
 
 
 @implementations
-@pytest.mark.parametrize(("open_rows", "rows"), [
-    # A(6) B(7) C(5) D(3) E(3), capacity 10. With 2 open rows, C fits neither, so the
-    # fullest (B's, 3 left) closes and C opens row 2; D takes row 0 (4 left beats 5);
-    # E goes to row 2, since B's row, where it would fit exactly, is closed.
-    (2, [[0, 3], [1], [2, 4]]),
-    # With 3 open rows nothing closes early: D fills B's row exactly (3 left beats 4
-    # and 5), and E takes row 0.
-    (3, [[0, 4], [1, 3], [2]]),
-])
+@pytest.mark.parametrize(
+    ("open_rows", "rows"),
+    [
+        # A(6) B(7) C(5) D(3) E(3), capacity 10. With 2 open rows, C fits neither, so the
+        # fullest (B's, 3 left) closes and C opens row 2; D takes row 0 (4 left beats 5);
+        # E goes to row 2, since B's row, where it would fit exactly, is closed.
+        (2, [[0, 3], [1], [2, 4]]),
+        # With 3 open rows nothing closes early: D fills B's row exactly (3 left beats 4
+        # and 5), and E takes row 0.
+        (3, [[0, 4], [1, 3], [2]]),
+    ],
+)
 def test_best_fit_closes_the_fullest_row_at_the_open_row_bound(pack, open_rows, rows):
-    config = sp.PackConfig(capacity=10, max_rows_per_batch=8, policy="best_fit",
-                           open_rows=open_rows)
+    config = sp.PackConfig(
+        capacity=10, max_rows_per_batch=8, policy="best_fit", open_rows=open_rows
+    )
     (batch,) = pack(pairs(6, 7, 5, 3, 3), BINDING, config)
     occ = batch.occurrences
     assert [occ["ordinal"][occ["row"] == r].tolist() for r in range(batch.rows)] == rows
@@ -471,23 +547,35 @@ def test_best_fit_fills_more_of_the_benchmark_mix_than_next_fit():
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(5.0, 1.0, 3000), 2, 2049).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    examples = sp.Examples(tokens=np.ones(int(offsets[-1]), np.int32), offsets=offsets,
-                           doc=np.arange(3000), start=np.zeros(3000, np.int64), stop=lengths)
+    examples = sp.Examples(
+        tokens=np.ones(int(offsets[-1]), np.int32),
+        offsets=offsets,
+        doc=np.arange(3000),
+        start=np.zeros(3000, np.int64),
+        stop=lengths,
+    )
     fill = {}
     for policy, open_rows in (("next_fit", None), ("best_fit", 64)):
-        config = sp.PackConfig(capacity=2048, max_rows_per_batch=16, policy=policy,
-                               open_rows=open_rows)
+        config = sp.PackConfig(
+            capacity=2048, max_rows_per_batch=16, policy=policy, open_rows=open_rows
+        )
         epoch = sp.pack_examples(examples, BINDING, config)
         fill[policy] = (lengths - 1).sum() / (epoch.row_count * 2048)
     assert fill["next_fit"] < 0.9 and fill["best_fit"] > 0.97
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"policy": "first_fit"}, r"policy='first_fit'; accepted: 'next_fit', 'best_fit'"),
-    ({"open_rows": 4}, r"open_rows=4 with policy='next_fit'.*accepted: open_rows=1"),
-    ({"policy": "best_fit", "open_rows": 0}, "open_rows must be a positive integer, got 0"),
-    ({"policy": "best_fit", "open_rows": 5000}, r"open_rows=5000 is too large; accepted: 1..4096"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"policy": "first_fit"}, r"policy='first_fit'; accepted: 'next_fit', 'best_fit'"),
+        ({"open_rows": 4}, r"open_rows=4 with policy='next_fit'.*accepted: open_rows=1"),
+        ({"policy": "best_fit", "open_rows": 0}, "open_rows must be a positive integer, got 0"),
+        (
+            {"policy": "best_fit", "open_rows": 5000},
+            r"open_rows=5000 is too large; accepted: 1..4096",
+        ),
+    ],
+)
 def test_policy_settings_are_checked_once_with_what_is_accepted(fields, message):
     with pytest.raises(sp.InvalidConfig, match=message):
         sp.PackConfig(capacity=8, max_rows_per_batch=2, **fields)

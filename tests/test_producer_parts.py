@@ -109,8 +109,7 @@ def test_pending_fetches_are_bounded_and_expire(want_w1):
     assert got == want_w1[:5]  # epoch 0 of an unbounded stream (no shuffle) is epoch 0
 
 
-def test_a_window_past_its_deadline_goes_to_another_worker_and_the_late_one_is_dropped(
-        want_w1):
+def test_a_window_past_its_deadline_goes_to_another_worker_and_the_late_one_is_dropped(want_w1):
     """Defect 3: a worker that heartbeats but never answers holds nothing forever."""
     harness = Harness(window_timeout=3.0, heartbeat_timeout=5.0)
     harness.fetch(b"c", 0, 1, 0, 0)
@@ -220,8 +219,9 @@ def test_a_window_that_fails_proven_workers_is_quarantined():
         harness.join(identity, credit=1)
         harness.step()
         (window,) = harness.take(identity, "window")
-        harness.from_worker(identity, "packed", harness.packed_fields(window),
-                            harness.honest_plan(window))
+        harness.from_worker(
+            identity, "packed", harness.packed_fields(window), harness.honest_plan(window)
+        )
     poison = None
     for identity in workers:
         harness.join(identity, credit=1)
@@ -230,8 +230,9 @@ def test_a_window_that_fails_proven_workers_is_quarantined():
         key = (window.fields["epoch"], window.fields["window"])
         poison = poison or key
         assert key == poison
-        harness.from_worker(identity, "failed", {"epoch": key[0], "window": key[1],
-                                                  "error": "killed the packer"})
+        harness.from_worker(
+            identity, "failed", {"epoch": key[0], "window": key[1], "error": "killed the packer"}
+        )
     assert harness.counters["windows_failed"] == 1
     assert harness.counters["quarantine_reasons"]["pack_failed"] > 0
 
@@ -244,10 +245,17 @@ def held_window(harness: Harness, identity: bytes) -> wire.Message:
     return window
 
 
-@pytest.mark.parametrize("field, value", [
-    ("audited", 2**64 - 1), ("audited", -1), ("audit_failures", 2**63), ("seconds", math.nan),
-    ("seconds", -1.0), ("seconds", math.inf),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("audited", 2**64 - 1),
+        ("audited", -1),
+        ("audit_failures", 2**63),
+        ("seconds", math.nan),
+        ("seconds", -1.0),
+        ("seconds", math.inf),
+    ],
+)
 def test_out_of_range_numbers_never_touch_a_counter(field, value):
     """Defect 7: from a holder or not, a number out of range is refused before it is
     counted, and ``health`` still answers."""
@@ -274,11 +282,13 @@ def test_a_peer_may_only_answer_windows_it_holds(kind, want_w1):
     window = held_window(harness, b"w1")
     key = (window.fields["epoch"], window.fields["window"])
     if kind == "failed":
-        harness.from_worker(b"rogue", "failed", {"epoch": key[0], "window": key[1],
-                                                  "error": "lost"})
+        harness.from_worker(
+            b"rogue", "failed", {"epoch": key[0], "window": key[1], "error": "lost"}
+        )
     else:
-        harness.from_worker(b"rogue", "packed", harness.packed_fields(window),
-                            harness.honest_plan(window))
+        harness.from_worker(
+            b"rogue", "packed", harness.packed_fields(window), harness.honest_plan(window)
+        )
     (error,) = harness.take(b"rogue", "error")
     assert "was not given to this worker" in error.fields["message"]
     assert harness.counters["rejected_worker"] == 1
@@ -304,16 +314,19 @@ def rewritten_doc(plan: dict) -> dict:
     return {"occurrences": occurrences, "batch_sizes": plan["batch_sizes"]}
 
 
-@pytest.mark.parametrize("tamper, complaint", [(not_next_fit, "batch sizes"),
-                                               (rewritten_doc, "['doc']")])
+@pytest.mark.parametrize(
+    "tamper, complaint", [(not_next_fit, "batch sizes"), (rewritten_doc, "['doc']")]
+)
 def test_a_plan_other_than_the_contracts_is_refused_and_the_window_reissued(
-        tamper, complaint, want_w1):
+    tamper, complaint, want_w1
+):
     """Defect 9: a well-formed plan that is not the contract's exact plan is refused,
     counted, and the window goes to another worker."""
     harness = Harness()
     window = held_window(harness, b"rogue")
-    harness.from_worker(b"rogue", "packed", harness.packed_fields(window),
-                        tamper(harness.honest_plan(window)))
+    harness.from_worker(
+        b"rogue", "packed", harness.packed_fields(window), tamper(harness.honest_plan(window))
+    )
     (error,) = harness.take(b"rogue", "error")
     assert complaint in error.fields["message"]
     assert harness.counters["plans_refused"] == 1
@@ -327,8 +340,12 @@ def test_peer_text_cannot_forge_a_log_line():
     harness = Harness()
     window = held_window(harness, b"w")
     forged = "ok\nproducer: worker 00 was promoted to admin"
-    harness.from_worker(b"w", "packed", harness.packed_fields(window, audit_error=forged),
-                        harness.honest_plan(window))
+    harness.from_worker(
+        b"w",
+        "packed",
+        harness.packed_fields(window, audit_error=forged),
+        harness.honest_plan(window),
+    )
     harness.from_worker(b"x", "error", {"message": forged})
     harness.from_worker(b"y", "failed", {"epoch": 0, "window": 99, "error": forged})
     assert harness.log and not any("\n" in line for line in harness.log)
@@ -340,9 +357,19 @@ def test_a_message_over_the_per_message_limit_is_refused():
     limit; the producer's own limit follows from window_documents."""
     limits = wire.WireLimits(max_frame_bytes=1 << 20, max_message_bytes=1 << 20)
     occurrences = np.zeros(9000, wire.frame_dtype("occurrence"))  # 576,000 bytes
-    frames = wire.encode("packed", {"epoch": 0, "window": 0, "capacity": 256, "seconds": 0.0,
-                                    "audited": 0, "audit_failures": 0, "audit_error": ""},
-                         {"occurrences": occurrences, "batch_sizes": np.zeros(60_000)})
+    frames = wire.encode(
+        "packed",
+        {
+            "epoch": 0,
+            "window": 0,
+            "capacity": 256,
+            "seconds": 0.0,
+            "audited": 0,
+            "audit_failures": 0,
+            "audit_error": "",
+        },
+        {"occurrences": occurrences, "batch_sizes": np.zeros(60_000)},
+    )
     with pytest.raises(ProtocolError, match="exceeds max_message_bytes"):
         wire.decode(frames, limits)
     harness = Harness()  # window_documents = 40: a plan message is at most ~67 KB
@@ -373,9 +400,17 @@ def test_counters_refuse_what_a_peer_reports_out_of_range():
         counters.add("audited", -1)
 
 
-@pytest.mark.parametrize("total, world, tail, share", [
-    (49, 2, "fill", 25), (49, 2, "drop", 24), (48, 3, "fill", 16), (0, 4, "fill", 0),
-    (5, 8, "drop", 0), (5, 8, "fill", 1)])
+@pytest.mark.parametrize(
+    "total, world, tail, share",
+    [
+        (49, 2, "fill", 25),
+        (49, 2, "drop", 24),
+        (48, 3, "fill", 16),
+        (0, 4, "fill", 0),
+        (5, 8, "drop", 0),
+        (5, 8, "fill", 1),
+    ],
+)
 def test_rank_share_is_the_tail_rule(total, world, tail, share):
     assert rank_share(total, world, tail) == share
 
@@ -392,7 +427,8 @@ def test_the_receive_limit_admits_the_plans_of_every_window_handed_out():
     assert receive_limit(harness.settings, plan_bytes=10**12) == harness.settings.max_message_bytes
     window = held_window(harness, b"w")
     assert harness.coordinator.limits.max_message_bytes >= 65536 + sum(
-        frame.nbytes for frame in harness.honest_plan(window).values())
+        frame.nbytes for frame in harness.honest_plan(window).values()
+    )
 
 
 @pytest.mark.parametrize("budget", [4_000, 16_384])

@@ -43,16 +43,30 @@ def test_no_total_means_no_eta_and_quiet_or_a_pipe_means_nothing():
 
 def _consume_stderr(endpoint: str, terminal: bool, *extra: str) -> str:
     """Run `streampack consume` (without --quiet) with stderr a pty or a pipe."""
-    args = svc.command("consume", "--connect", endpoint, "--rank", "0", "--world-size", "1",
-                       "--timeout", "60", "--delay", "0.3", *extra)
+    args = svc.command(
+        "consume",
+        "--connect",
+        endpoint,
+        "--rank",
+        "0",
+        "--world-size",
+        "1",
+        "--timeout",
+        "60",
+        "--delay",
+        "0.3",
+        *extra,
+    )
     if not terminal:
-        proc = subprocess.run(args, cwd=svc.ROOT, env=svc.env(), capture_output=True,
-                              text=True, timeout=120)
+        proc = subprocess.run(
+            args, cwd=svc.ROOT, env=svc.env(), capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stderr
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(args, cwd=svc.ROOT, env=svc.env(), stdout=subprocess.PIPE,
-                            stderr=follower)
+    proc = subprocess.Popen(
+        args, cwd=svc.ROOT, env=svc.env(), stdout=subprocess.PIPE, stderr=follower
+    )
     os.close(follower)
     chunks = []
     while True:
@@ -73,8 +87,7 @@ def test_consume_shows_progress_on_a_terminal_only():
     with svc.Service(svc.FIXTURE, serve_workers=1) as service:
         shown = _consume_stderr(service.consumer_endpoint, True, "--max-batches", "6")
         piped = _consume_stderr(service.consumer_endpoint, False, "--max-batches", "2")
-        quiet = _consume_stderr(service.consumer_endpoint, True, "--max-batches", "2",
-                                "--quiet")
+        quiet = _consume_stderr(service.consumer_endpoint, True, "--max-batches", "2", "--quiet")
     assert "\rrank 0: " in shown and "/6 batches" in shown and "waiting for data" in shown
     assert "\r" not in piped and "batches" not in piped
     assert "\r" not in quiet and "batches" not in quiet

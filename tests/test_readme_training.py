@@ -25,8 +25,10 @@ def test_readme_training_loop_runs(name):
     if name == "hugging_face":
         pytest.importorskip("transformers", reason="the hf extra is not installed")
     if name == "megatron":
-        pytest.importorskip("megatron.core.packed_seq_params",
-                            reason="megatron-core is not installed (pip install megatron-core)")
+        pytest.importorskip(
+            "megatron.core.packed_seq_params",
+            reason="megatron-core is not installed (pip install megatron-core)",
+        )
     namespace: dict = {}
     exec(compile(snippet, f"README.md[{name}]", "exec"), namespace)
     assert "batch" in namespace  # the loop ran at least once

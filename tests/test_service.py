@@ -45,8 +45,10 @@ def drain(endpoint, rank, world_size, out, **kwargs):
 def drain_ranks(endpoint, world_size):
     """Every rank drained concurrently (threads, real sockets): {rank: [(cursor, batch)]}."""
     received = {rank: [] for rank in range(world_size)}
-    threads = [threading.Thread(target=drain, args=(endpoint, rank, world_size, items))
-               for rank, items in received.items()]
+    threads = [
+        threading.Thread(target=drain, args=(endpoint, rank, world_size, items))
+        for rank, items in received.items()
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -152,8 +154,9 @@ def test_kill_9_of_a_worker_mid_epoch_changes_nothing():
             killed.set()
 
         got = []
-        with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=120,
-                         prefetch=2) as stream:
+        with BatchStream(
+            service.consumer_endpoint, rank=0, world_size=1, timeout=120, prefetch=2
+        ) as stream:
             for batch in stream:
                 got.append((*stream.current, batch.digest()))
                 if len(got) == 5:
@@ -233,9 +236,12 @@ def test_trainers_ride_out_a_producer_restart(reference):
                 if len(got) == 10:
                     first.producer.kill()
                     first.producer.wait()
-                    second = Service(FIXTURE, worker_endpoint=first.worker_endpoint,
-                                     consumer_endpoint=first.consumer_endpoint,
-                                     **SHUFFLED).__enter__()
+                    second = Service(
+                        FIXTURE,
+                        worker_endpoint=first.worker_endpoint,
+                        consumer_endpoint=first.consumer_endpoint,
+                        **SHUFFLED,
+                    ).__enter__()
     finally:
         if second is not None:
             second.__exit__(None, None, None)

@@ -62,8 +62,12 @@ def write_bad_corpus(root: Path) -> tuple[Path, dict[int, str], int]:
             n = int(rng.integers(2, 200))
             lines.append(json.dumps({"tokens": rng.integers(0, 512, n).tolist()}))
     (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
-                "jsonl": ["docs.jsonl"]}
+    manifest = {
+        "format": "streampack-corpus",
+        "version": 1,
+        "binding": BINDING,
+        "jsonl": ["docs.jsonl"],
+    }
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root, bad, 64
 
@@ -74,8 +78,9 @@ def test_bad_documents_are_quarantined_and_the_rest_arrives_once(tmp_path):
     quarantine = tmp_path / "quarantine.jsonl"
     records = [tmp_path / f"rank{r}.npy" for r in (0, 1)]
     with Service(corpus, serve_workers=2, quarantine_path=str(quarantine)) as service:
-        ranks = [consume(service.consumer_endpoint, r, 2, "--record", str(records[r]))
-                 for r in (0, 1)]
+        ranks = [
+            consume(service.consumer_endpoint, r, 2, "--record", str(records[r])) for r in (0, 1)
+        ]
         outputs = [result(proc) for proc in ranks]
         counters = service.stats()
     written = [json.loads(line) for line in quarantine.read_text().splitlines()]
@@ -107,10 +112,22 @@ def _request(endpoint: str, frames: list[bytes], timeout: float = 20.0) -> wire.
 GARBAGE = [
     [b"\xff\x00garbage"],
     [msgpack.packb({"v": 99, "k": "ready", "credit": 1, "f": []})],
-    [msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "window", "epoch": 0, "window": 0,
-                    "binding": {}, "config": {}, "f": []})],
-    wire.encode("fetch", {"rank": 3, "world_size": 2, "epoch": 0, "index": 3, "count": 1,
-                          "base": 0}),
+    [
+        msgpack.packb(
+            {
+                "v": wire.PROTOCOL_VERSION,
+                "k": "window",
+                "epoch": 0,
+                "window": 0,
+                "binding": {},
+                "config": {},
+                "f": [],
+            }
+        )
+    ],
+    wire.encode(
+        "fetch", {"rank": 3, "world_size": 2, "epoch": 0, "index": 3, "count": 1, "base": 0}
+    ),
     [wire.encode_header("ready", {"credit": 1, "needs_tokens": False}), b"unannounced frame"],
 ]
 
@@ -178,7 +195,8 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
                 occurrences, sizes = plan_compact(
                     window_examples(window.arrays),
                     wire.binding_from_wire(window.fields["binding"]),
-                    pack_config_from_wire(window.fields["config"]))
+                    pack_config_from_wire(window.fields["config"]),
+                )
                 shifted = occurrences.copy()
                 shifted["ordinal"] += 1
                 widened = occurrences.copy()
@@ -194,11 +212,20 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
                     (renamed, sizes, "['doc']"),
                     (*not_next_fit(occurrences), "batch sizes"),
                 ][attempt]
-                fields = {"epoch": window.fields["epoch"], "window": window.fields["window"],
-                          "capacity": 256, "seconds": 0.0, "audited": 0,
-                          "audit_failures": 0, "audit_error": ""}
-                rogue.send_multipart(wire.encode(
-                    "packed", fields, {"occurrences": plans, "batch_sizes": batch_sizes}))
+                fields = {
+                    "epoch": window.fields["epoch"],
+                    "window": window.fields["window"],
+                    "capacity": 256,
+                    "seconds": 0.0,
+                    "audited": 0,
+                    "audit_failures": 0,
+                    "audit_error": "",
+                }
+                rogue.send_multipart(
+                    wire.encode(
+                        "packed", fields, {"occurrences": plans, "batch_sizes": batch_sizes}
+                    )
+                )
                 assert rogue.poll(60_000)
                 reply = wire.decode(rogue.recv_multipart())
                 assert reply.kind == "error" and complaint in reply.fields["message"], reply
@@ -242,28 +269,44 @@ def test_a_worker_rejects_malformed_windows_and_keeps_packing():
         for frames in GARBAGE[:3]:
             router.send_multipart([identity, *frames])
             assert answer({"error"}).fields["message"]
-        window = next(iter_windows(open_corpus(FIXTURE), 0, CutSpec(
-            capacity=256, window_documents=8, window_tokens=3000)))
-        fields = {"epoch": 0, "window": 0, "binding": BINDING | {
-            "tokenizer": "fixture-bytes-v1", "split_receipt": "fixture-corpus-2026-01"},
-            "config": {"capacity": 256, "max_rows_per_batch": 4, "max_cells": None,
-                       "max_metadata_bytes": 1 << 24}, "with_tokens": False}
+        window = next(
+            iter_windows(
+                open_corpus(FIXTURE),
+                0,
+                CutSpec(capacity=256, window_documents=8, window_tokens=3000),
+            )
+        )
+        fields = {
+            "epoch": 0,
+            "window": 0,
+            "binding": BINDING
+            | {"tokenizer": "fixture-bytes-v1", "split_receipt": "fixture-corpus-2026-01"},
+            "config": {
+                "capacity": 256,
+                "max_rows_per_batch": 4,
+                "max_cells": None,
+                "max_metadata_bytes": 1 << 24,
+            },
+            "with_tokens": False,
+        }
         # As the producer sends it to a worker that does not audit: no tokens.
         tokenless = window.arrays() | {"tokens": window.tokens[:0]}
-        router.send_multipart([identity, *wire.encode("window", fields, tokenless)],
-                              copy=False)
+        router.send_multipart([identity, *wire.encode("window", fields, tokenless)], copy=False)
         packed = answer({"packed"})
         assert packed.fields["window"] == 0 and packed.fields["capacity"] == 256
         occurrences, sizes = plan_compact(
-            window_examples(window.arrays()), wire.binding_from_wire(fields["binding"]),
-            pack_config_from_wire(fields["config"]))
+            window_examples(window.arrays()),
+            wire.binding_from_wire(fields["binding"]),
+            pack_config_from_wire(fields["config"]),
+        )
         np.testing.assert_array_equal(packed.arrays["occurrences"], occurrences)
         np.testing.assert_array_equal(packed.arrays["batch_sizes"], sizes)
         fields["with_tokens"] = True
         # a window that cannot pack (budget too small) is answered with ``failed``
         fields["config"] = dict(fields["config"], max_metadata_bytes=16)
-        router.send_multipart([identity, *wire.encode("window", fields, window.arrays())],
-                              copy=False)
+        router.send_multipart(
+            [identity, *wire.encode("window", fields, window.arrays())], copy=False
+        )
         assert "max_metadata_bytes" in answer({"failed"}).fields["error"]
         assert worker.poll() is None
     finally:
@@ -276,9 +319,16 @@ def test_a_worker_rejects_malformed_windows_and_keeps_packing():
 def test_sigterm_stops_serve_quickly_with_no_orphans():
     """Property 7: serve exits within a few seconds; workers gone; ports free again."""
     worker_port, consumer_port = free_port(), free_port()
-    serve = start("serve", "--workers", "2", *flags({"corpus": str(FIXTURE)}),
-                  "--worker-endpoint", f"tcp://127.0.0.1:{worker_port}",
-                  "--consumer-endpoint", f"tcp://127.0.0.1:{consumer_port}")
+    serve = start(
+        "serve",
+        "--workers",
+        "2",
+        *flags({"corpus": str(FIXTURE)}),
+        "--worker-endpoint",
+        f"tcp://127.0.0.1:{worker_port}",
+        "--consumer-endpoint",
+        f"tcp://127.0.0.1:{consumer_port}",
+    )
     try:
         endpoint = f"tcp://127.0.0.1:{consumer_port}"
         wait_healthy(endpoint)
@@ -325,8 +375,7 @@ def write_big_corpus(root: Path, tokens: int) -> Path:
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     np.save(root / "big.tokens.npy", rng.integers(0, 512, int(offsets[-1])).astype(np.uint16))
     np.save(root / "big.offsets.npy", offsets)
-    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING,
-                "shards": ["big"]}
+    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": ["big"]}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 
@@ -337,15 +386,19 @@ def test_memory_stays_within_budgets_with_a_slow_consumer(tmp_path):
     unbounded producer would pack the whole 8M-token corpus (~2,000 batches)."""
     corpus = write_big_corpus(tmp_path, 8_000_000)
     budgets = {"window_budget_bytes": 256 << 10, "reorder_budget_bytes": 1 << 20}
-    settings = {"capacity": 512, "max_rows_per_batch": 8, "window_documents": 256,
-                "window_tokens": 32768, **budgets}
+    settings = {
+        "capacity": 512,
+        "max_rows_per_batch": 8,
+        "window_documents": 256,
+        "window_tokens": 32768,
+        **budgets,
+    }
     with Service(corpus, serve_workers=2, **settings) as service:
         deadline = time.monotonic() + 60
         while len(children(service.producer.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         processes = [service.producer.pid, *children(service.producer.pid)]
-        reader = consume(service.consumer_endpoint, 0, 1, "--delay", "0.05",
-                         "--max-batches", "80")
+        reader = consume(service.consumer_endpoint, 0, 1, "--delay", "0.05", "--max-batches", "80")
         samples: list[dict] = []
         baseline = None
         while reader.poll() is None:
@@ -407,9 +460,16 @@ def test_a_corpus_with_nothing_packable_ends_an_unbounded_stream(tmp_path):
     """Every document bad and epochs = 0: the stream ends (no busy loop), all quarantined."""
     lines = ['{"tokens": [1]}', "not json", '{"tokens": [1, 2, 9999]}']
     (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    (tmp_path / "manifest.json").write_text(json.dumps({
-        "format": "streampack-corpus", "version": 1, "binding": BINDING,
-        "jsonl": ["docs.jsonl"]}))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "streampack-corpus",
+                "version": 1,
+                "binding": BINDING,
+                "jsonl": ["docs.jsonl"],
+            }
+        )
+    )
     with Service(tmp_path, serve_workers=1, epochs=0) as service:
         out = result(consume(service.consumer_endpoint, 0, 1))
         counters = service.stats()
@@ -428,11 +488,17 @@ def test_curve_producer_serves_only_clients_that_know_its_key(tmp_path):
     from streampack.client import BatchStream, StreamTimeout
 
     (tmp_path / "producer.key").write_text(DASH_SECRET + "\n")
-    with Service(FIXTURE, serve_workers=1,
-                 curve_secret_key_file=str(tmp_path / "producer.key")) as service:
+    with Service(
+        FIXTURE, serve_workers=1, curve_secret_key_file=str(tmp_path / "producer.key")
+    ) as service:
         assert service.key == DASH_PUBLIC
-        with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=120,
-                         curve_server_key=service.key) as stream:
+        with BatchStream(
+            service.consumer_endpoint,
+            rank=0,
+            world_size=1,
+            timeout=120,
+            curve_server_key=service.key,
+        ) as stream:
             batches = sum(1 for _ in stream)
         assert check(service.consumer_endpoint, 1.0) is None
         with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=1) as plain:

@@ -63,7 +63,7 @@ def test_policy_flags_reach_the_pack_config():
 
 def test_toml_tables_and_flags_layer(tmp_path):
     path = tmp_path / "service.toml"
-    path.write_text('[producer]\ncapacity = 512\nepochs = 3\n\n[worker]\naudit_every = 4\n')
+    path.write_text("[producer]\ncapacity = 512\nepochs = 3\n\n[worker]\naudit_every = 4\n")
     parser = argparse.ArgumentParser()
     parser.add_argument("--config")
     add_flags(parser, ProducerSettings)
@@ -91,22 +91,39 @@ def test_bad_settings_files_are_refused(tmp_path, text, match):
 
 
 def run(*args, cwd=ROOT, timeout=120):
-    return subprocess.run(command(*args), cwd=cwd, env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        command(*args), cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_digest_command_prints_the_in_process_stream(tmp_path):
     config = tmp_path / "service.toml"
-    config.write_text(f'[producer]\ncorpus = "{FIXTURE}"\ncapacity = 256\n'
-                      'max_rows_per_batch = 4\nshuffle = true\nseed = 4\n')
-    out = run("digest", "--config", str(config), "--window-documents", "40",
-              "--window-tokens", "3000", "--rank", "1", "--world-size", "2")
+    config.write_text(
+        f'[producer]\ncorpus = "{FIXTURE}"\ncapacity = 256\n'
+        "max_rows_per_batch = 4\nshuffle = true\nseed = 4\n"
+    )
+    out = run(
+        "digest",
+        "--config",
+        str(config),
+        "--window-documents",
+        "40",
+        "--window-tokens",
+        "3000",
+        "--rank",
+        "1",
+        "--world-size",
+        "2",
+    )
     assert out.returncode == 0, out.stderr
     line = json.loads(out.stdout.strip().splitlines()[-1])
     want = expected(FIXTURE, 1, 2, shuffle=True, seed=4)
     assert line["digest"] == want["digest"]
     assert (line["batches"], line["fillers"], line["tokens"]) == (
-        want["batches"], want["fillers"], want["tokens"])
+        want["batches"],
+        want["fillers"],
+        want["tokens"],
+    )
     assert line["state"] == {"epoch": 1, "index": 1, "base": 0, "rank": 1, "world_size": 2}
 
 

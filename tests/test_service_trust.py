@@ -42,8 +42,14 @@ class Peer:
 
 
 def fetch(rank: int, world_size: int, epoch: int, index: int, count: int = 1) -> dict:
-    return {"rank": rank, "world_size": world_size, "epoch": epoch, "index": index,
-            "count": count, "base": 0}
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "epoch": epoch,
+        "index": index,
+        "count": count,
+        "base": 0,
+    }
 
 
 def digests(stream: BatchStream, limit: int | None = None) -> list:
@@ -64,15 +70,15 @@ def test_a_trainer_resuming_20_behind_a_full_reorder_buffer_receives_exactly_the
     with Service(FIXTURE, reorder_budget_bytes=budget) as service:
         service.add_worker()
         service.add_worker()
-        with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=30,
-                         prefetch=4) as stream:
+        with BatchStream(
+            service.consumer_endpoint, rank=0, world_size=1, timeout=30, prefetch=4
+        ) as stream:
             first = digests(stream, limit=30)
             deadline = time.monotonic() + 30
             while service.stats()["reorder_bytes"] < budget:
                 assert time.monotonic() < deadline, service.stats()
                 time.sleep(0.05)
-        with BatchStream(service.consumer_endpoint, rank=0, world_size=1,
-                         timeout=30) as stream:
+        with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=30) as stream:
             stream.load_state_dict({"epoch": 0, "index": 10})
             rest = digests(stream)
         counters = service.stats()
@@ -133,10 +139,19 @@ def test_out_of_range_counters_from_a_peer_cannot_crash_the_producer():
     window, twice, then a health probe: the producer answers and serves on."""
     with Service(FIXTURE, serve_workers=1) as service:
         peer = Peer(service.worker_endpoint)
-        fields = {"epoch": 0, "window": 0, "capacity": 256, "seconds": 0.0,
-                  "audited": 2**64 - 1, "audit_failures": 0, "audit_error": ""}
-        plans = {"occurrences": np.zeros(0, wire.frame_dtype("occurrence")),
-                 "batch_sizes": np.zeros(0, np.int64)}
+        fields = {
+            "epoch": 0,
+            "window": 0,
+            "capacity": 256,
+            "seconds": 0.0,
+            "audited": 2**64 - 1,
+            "audit_failures": 0,
+            "audit_error": "",
+        }
+        plans = {
+            "occurrences": np.zeros(0, wire.frame_dtype("occurrence")),
+            "batch_sizes": np.zeros(0, np.int64),
+        }
         for _ in range(2):
             peer.send("packed", fields, plans)
             reply = peer.receive()

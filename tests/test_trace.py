@@ -44,8 +44,12 @@ def test_trace_pins_the_design_values(result):
 
 
 def test_trace_command_prints_the_same_json(result):
-    out = subprocess.run([sys.executable, "-m", "streampack.cli", "trace", "--fixture", str(SEED)],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "streampack.cli", "trace", "--fixture", str(SEED)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert json.loads(out) == result
 
 
@@ -59,7 +63,9 @@ def test_missing_fixture_is_a_clear_error(tmp_path):
 def test_a_user_error_is_one_line_and_exit_code_2(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "streampack.cli", "trace", "--fixture", str(tmp_path / "x.json")],
-        capture_output=True, text=True)
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2
     assert run.stderr.startswith("streampack trace: error: worked-example fixture not found")
     assert "Traceback" not in run.stderr

@@ -41,15 +41,22 @@ def worked_compact() -> CompactBatch:
 def test_ready_header_bytes_are_pinned():
     header = wire.encode_header("ready", {"credit": 2, "needs_tokens": False})
     assert header == bytes.fromhex(
-        "85" "a176" "06" "a16b" "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
-        "ac" + b"needs_tokens".hex() + "c2" "a166" "90"
+        "85"
+        "a176"
+        "06"
+        "a16b"
+        "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
+        "ac" + b"needs_tokens".hex() + "c2"
+        "a166"
+        "90"
     )
     assert len(header) == 37
 
 
 def test_fetch_header_bytes_are_pinned():
     header = wire.encode_header(
-        "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4, "base": 0})
+        "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4, "base": 0}
+    )
     expected = (
         b"\x89\xa1v\x06\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
         b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa4base\x00\xa1f\x90"
@@ -67,8 +74,13 @@ def test_window_header_lists_frames_with_dtype_and_shape():
         "source_id": np.array([7, 8]),
         "example_id": np.array([7, 8]),
     }
-    fields = {"epoch": 0, "window": 3, "binding": wire.binding_to_wire(BINDING), "config": {},
-              "with_tokens": True}
+    fields = {
+        "epoch": 0,
+        "window": 3,
+        "binding": wire.binding_to_wire(BINDING),
+        "config": {},
+        "with_tokens": True,
+    }
     frames = wire.encode("window", fields, arrays)
     header = msgpack.unpackb(frames[0])
     assert header["f"][0] == ["tokens", "<i4", [5]]
@@ -80,8 +92,14 @@ def test_window_header_lists_frames_with_dtype_and_shape():
 
 
 def batch_fields(compact, **overrides):
-    fields = {"epoch": 0, "index": 0, "window": 0, "batch": 0, "filler": False,
-              "binding": wire.binding_to_wire(BINDING)} | wire.batch_shape(compact)
+    fields = {
+        "epoch": 0,
+        "index": 0,
+        "window": 0,
+        "batch": 0,
+        "filler": False,
+        "binding": wire.binding_to_wire(BINDING),
+    } | wire.batch_shape(compact)
     return fields | overrides
 
 
@@ -104,7 +122,8 @@ def test_batch_travels_compact_and_expands_to_the_packed_batch():
     assert again.occurrences.tobytes() == batch.occurrences.tobytes()
     assert again.binding == BINDING
     np.testing.assert_array_equal(
-        again.inputs, [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]])
+        again.inputs, [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]]
+    )
 
 
 def test_a_batch_costs_about_four_bytes_per_cell_on_the_wire():
@@ -120,19 +139,25 @@ def test_each_occurrences_source_index_travels_with_the_batch():
     compact = dataclasses.replace(worked_compact(), sources=np.array([2, 0, 2], np.int32))
     frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
     assert msgpack.unpackb(frames[0])["f"][2] == ["sources", "<i4", [3]]
-    assert bytes(frames[3]) == bytes.fromhex("02000000" "00000000" "02000000")
+    assert bytes(frames[3]) == bytes.fromhex("020000000000000002000000")
     batch = wire.batch_from_message(wire.decode(frames)).expand()
     assert batch.sources.tolist() == [2, 0, 2]
     assert batch.cell_sources().tolist() == [[2, 2, 2, 0, 0, -1], [2, 2, 2, 2, -1, -1]]
     assert worked_batch().sources.tolist() == [0, 0, 0]  # one source: all 0
 
 
-@pytest.mark.parametrize(("sources", "match"), [
-    (np.array([0, 1], np.int32), r"sources dtype int32 shape \(2,\); expected int32, one per "
-                                 r"occurrence \(3\)"),
-    (np.array([0, -1, 0], np.int32), "source index -1"),
-    (np.array([0, 1, 0], np.int64), "sources dtype int64"),
-])
+@pytest.mark.parametrize(
+    ("sources", "match"),
+    [
+        (
+            np.array([0, 1], np.int32),
+            r"sources dtype int32 shape \(2,\); expected int32, one per "
+            r"occurrence \(3\)",
+        ),
+        (np.array([0, -1, 0], np.int32), "source index -1"),
+        (np.array([0, 1, 0], np.int64), "sources dtype int64"),
+    ],
+)
 def test_bad_source_indices_are_refused(sources, match):
     compact = dataclasses.replace(worked_compact(), sources=sources)
     with pytest.raises(InvalidArray, match=match):
@@ -141,9 +166,13 @@ def test_bad_source_indices_are_refused(sources, match):
 
 def test_tokens_of_a_small_vocabulary_travel_as_uint16_and_expand_the_same():
     compact = worked_compact()
-    narrow = CompactBatch(tokens=compact.tokens.astype(wire.token_dtype(BINDING.vocab_size)),
-                          occurrences=compact.occurrences, rows=compact.rows,
-                          capacity=compact.capacity, binding=BINDING)
+    narrow = CompactBatch(
+        tokens=compact.tokens.astype(wire.token_dtype(BINDING.vocab_size)),
+        occurrences=compact.occurrences,
+        rows=compact.rows,
+        capacity=compact.capacity,
+        binding=BINDING,
+    )
     frames = wire.encode("batch", batch_fields(narrow), wire.batch_arrays(narrow))
     assert msgpack.unpackb(frames[0])["f"][0] == ["tokens", "<u2", [12]]
     assert len(bytes(frames[1])) == 12 * 2
@@ -161,20 +190,37 @@ def test_a_worker_sends_plans_and_the_producer_adds_the_window_tokens():
 
     examples = Examples.from_documents(WORKED)
     occurrences, sizes = plan_compact(examples, BINDING, WORKED_CONFIG)
-    fields = {"epoch": 1, "window": 2, "capacity": 6, "seconds": 0.001, "audited": 0,
-              "audit_failures": 0, "audit_error": ""}
-    packed = wire.decode(wire.encode(
-        "packed", fields, {"occurrences": occurrences, "batch_sizes": sizes}))
+    fields = {
+        "epoch": 1,
+        "window": 2,
+        "capacity": 6,
+        "seconds": 0.001,
+        "audited": 0,
+        "audit_failures": 0,
+        "audit_error": "",
+    }
+    packed = wire.decode(
+        wire.encode("packed", fields, {"occurrences": occurrences, "batch_sizes": sizes})
+    )
     assert list(packed.arrays) == ["occurrences", "batch_sizes"]
     assert packed.arrays["batch_sizes"].tolist() == [3]
-    window = Window(epoch=1, index=2, documents=3, tokens=examples.tokens,
-                    offsets=examples.offsets, start=examples.start, stop=examples.stop,
-                    source_id=examples.source_id, example_id=examples.example_id,
-                    quarantined=[])
+    window = Window(
+        epoch=1,
+        index=2,
+        documents=3,
+        tokens=examples.tokens,
+        offsets=examples.offsets,
+        start=examples.start,
+        stop=examples.stop,
+        source_id=examples.source_id,
+        example_id=examples.example_id,
+        quarantined=[],
+    )
     tokens = window.selected_tokens(0, 3)
     np.testing.assert_array_equal(tokens, worked_compact().tokens)
-    rebuilt = CompactBatch(tokens=tokens, occurrences=packed.arrays["occurrences"],
-                           rows=2, capacity=6, binding=BINDING)
+    rebuilt = CompactBatch(
+        tokens=tokens, occurrences=packed.arrays["occurrences"], rows=2, capacity=6, binding=BINDING
+    )
     assert rebuilt.checked(max_cells=12).expand().digest() == worked_batch().digest()
     np.testing.assert_array_equal(window.selected_tokens(1, 3), WORKED[1] + WORKED[2])
 
@@ -196,8 +242,7 @@ def test_an_inconsistent_batch_message_is_rejected(overrides, match):
 
 
 def _header(**overrides):
-    header = {"v": wire.PROTOCOL_VERSION, "k": "ready", "credit": 1, "needs_tokens": False,
-              "f": []}
+    header = {"v": wire.PROTOCOL_VERSION, "k": "ready", "credit": 1, "needs_tokens": False, "f": []}
     header.update(overrides)
     return msgpack.packb(header)
 
@@ -270,8 +315,9 @@ def test_encoder_refuses_what_the_decoder_would_refuse():
     with pytest.raises(ProtocolError, match="unknown message kind"):
         wire.encode("shutdown", {})
     with pytest.raises(ProtocolError, match="frames"):
-        wire.encode("ready", {"credit": 1, "needs_tokens": False},
-                    {"tokens": np.zeros(1, np.int32)})
+        wire.encode(
+            "ready", {"credit": 1, "needs_tokens": False}, {"tokens": np.zeros(1, np.int32)}
+        )
 
 
 def test_encoding_converts_byte_order_to_little_endian():
@@ -312,8 +358,12 @@ def test_the_policy_that_placed_a_batch_travels_in_its_header():
     header = frames[0]
     assert msgpack.unpackb(header)["policy"] == "best_fit"
     # ... "capacity": 6, "policy": "best_fit", then "f"
-    assert bytes.fromhex("a8" + b"capacity".hex() + "06" "a6" + b"policy".hex()
-                         + "a8" + b"best_fit".hex() + "a166") in header
+    assert (
+        bytes.fromhex(
+            "a8" + b"capacity".hex() + "06a6" + b"policy".hex() + "a8" + b"best_fit".hex() + "a166"
+        )
+        in header
+    )
     batch = wire.batch_from_message(wire.decode(frames)).expand()
     assert batch.policy == "best_fit" and batch.stats()["policy"] == "best_fit"
     assert worked_batch().stats()["policy"] == "next_fit"
@@ -321,7 +371,8 @@ def test_the_policy_that_placed_a_batch_travels_in_its_header():
 
 def test_a_batch_header_with_an_unknown_policy_is_refused():
     compact = worked_compact()
-    frames = wire.encode("batch", batch_fields(compact, policy="first_fit"),
-                         wire.batch_arrays(compact))
+    frames = wire.encode(
+        "batch", batch_fields(compact, policy="first_fit"), wire.batch_arrays(compact)
+    )
     with pytest.raises(ProtocolError, match="policy 'first_fit'; accepted: 'next_fit'"):
         wire.batch_from_message(wire.decode(frames))

@@ -36,29 +36,49 @@ from streampack.settings import (
 def occurrence_ids(batch: Any) -> np.ndarray:
     """[n, 3] int64: (source_id, range_start, range_stop) of each occurrence."""
     occ = batch.occurrences
-    return np.stack(
-        [occ["source_id"], occ["range_start"], occ["range_stop"]], axis=1
-    ).astype(np.int64).reshape(-1, 3)
+    return (
+        np.stack([occ["source_id"], occ["range_start"], occ["range_stop"]], axis=1)
+        .astype(np.int64)
+        .reshape(-1, 3)
+    )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML settings file; its [consumer] table is read")
     parser.add_argument("--rank", type=int, default=0, help="this rank (default: 0)")
     parser.add_argument("--world-size", type=int, default=1, help="ranks (default: 1)")
-    parser.add_argument("--max-batches", type=int, default=None,
-                        help="stop after this many batches (default: the whole stream)")
-    parser.add_argument("--delay", type=float, default=0.0,
-                        help="seconds to sleep per batch, to act as a slow trainer (default: 0)")
+    parser.add_argument(
+        "--max-batches",
+        type=int,
+        default=None,
+        help="stop after this many batches (default: the whole stream)",
+    )
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=0.0,
+        help="seconds to sleep per batch, to act as a slow trainer (default: 0)",
+    )
     parser.add_argument("--state-in", help="resume from the cursor in this JSON file")
     parser.add_argument("--state-out", help="write the final cursor to this JSON file")
     parser.add_argument("--record", help="write received occurrence identities to this .npy")
-    parser.add_argument("--save-batch", metavar="FILE.npz",
-                        help="save the last batch received (with --max-batches N, this "
-                        "rank's N-th) for `streampack inspect --batch-file`")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress line (there is none unless stderr is a terminal)")
-    parser.add_argument("--no-digest", dest="digest", action="store_false",
-                        help="skip hashing (measure transport alone); digest is then empty")
+    parser.add_argument(
+        "--save-batch",
+        metavar="FILE.npz",
+        help="save the last batch received (with --max-batches N, this "
+        "rank's N-th) for `streampack inspect --batch-file`",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress line (there is none unless stderr is a terminal)",
+    )
+    parser.add_argument(
+        "--no-digest",
+        dest="digest",
+        action="store_false",
+        help="skip hashing (measure transport alone); digest is then empty",
+    )
     add_flags(parser, ConsumerSettings)
 
 
@@ -90,8 +110,11 @@ def main(args: argparse.Namespace) -> int:
     if args.max_batches is not None:
         check_number("--max-batches", args.max_batches, minimum=0, integer=True)
     cursor = read_cursor(args.state_in) if args.state_in else None
-    for flag, path in (("--state-out", args.state_out), ("--record", args.record),
-                       ("--save-batch", args.save_batch)):
+    for flag, path in (
+        ("--state-out", args.state_out),
+        ("--record", args.record),
+        ("--save-batch", args.save_batch),
+    ):
         if path:
             check_output_path(flag, path)
     stopping = False
@@ -113,8 +136,7 @@ def main(args: argparse.Namespace) -> int:
         # The clock starts once the stream is built (it loads its compiled expand kernel,
         # a one-off cost per process), at the first request: the rate is the stream's.
         started = time.perf_counter()
-        progress = Progress(f"rank {args.rank}", total=args.max_batches,
-                            enabled=not args.quiet)
+        progress = Progress(f"rank {args.rank}", total=args.max_batches, enabled=not args.quiet)
         progress.start()
         while not stopping:
             if args.max_batches is not None and digest.batches >= args.max_batches:
@@ -140,9 +162,11 @@ def main(args: argparse.Namespace) -> int:
                 time.sleep(args.delay)
             if progress.enabled:
                 blocked = stream.seconds_blocked / max(time.perf_counter() - started, 1e-9)
-                progress.update(digest.batches, digest.tokens,
-                                note=f"epoch {epoch} batch {index}, waiting for data "
-                                f"{blocked:.0%} of the time")
+                progress.update(
+                    digest.batches,
+                    digest.tokens,
+                    note=f"epoch {epoch} batch {index}, waiting for data {blocked:.0%} of the time",
+                )
         progress.close()
         state = stream.state_dict()
     seconds = time.perf_counter() - started
@@ -154,9 +178,15 @@ def main(args: argparse.Namespace) -> int:
         save_batch(last, args.save_batch)
     if args.record:
         np.save(args.record, np.concatenate(records) if records else np.zeros((0, 3), np.int64))
-    print(json.dumps(digest.summary(args.rank, args.world_size, state) | {
-        "seconds": round(seconds, 3),
-        "tokens_per_second": round(digest.tokens / seconds, 1) if seconds else 0.0,
-        "digest": digest.hexdigest() if args.digest else "",
-    }), flush=True)
+    print(
+        json.dumps(
+            digest.summary(args.rank, args.world_size, state)
+            | {
+                "seconds": round(seconds, 3),
+                "tokens_per_second": round(digest.tokens / seconds, 1) if seconds else 0.0,
+                "digest": digest.hexdigest() if args.digest else "",
+            }
+        ),
+        flush=True,
+    )
     return 0

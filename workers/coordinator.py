@@ -74,17 +74,29 @@ def pack_config(settings: ProducerSettings) -> PackConfig:
 
 
 def config_to_wire(config: PackConfig) -> dict[str, Any]:
-    return {"capacity": config.capacity, "max_rows_per_batch": config.max_rows_per_batch,
-            "max_cells": config.max_cells, "max_metadata_bytes": config.max_metadata_bytes,
-            "policy": config.policy, "open_rows": config.open_rows}
+    return {
+        "capacity": config.capacity,
+        "max_rows_per_batch": config.max_rows_per_batch,
+        "max_cells": config.max_cells,
+        "max_metadata_bytes": config.max_metadata_bytes,
+        "policy": config.policy,
+        "open_rows": config.open_rows,
+    }
 
 
 class Coordinator:
     """The producer's state machine (see module docstring). Plain Python."""
 
-    def __init__(self, settings: ProducerSettings, source: Any, *, send_worker: Send,
-                 send_consumer: Send, quarantine_file: IO[str] | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: ProducerSettings,
+        source: Any,
+        *,
+        send_worker: Send,
+        send_consumer: Send,
+        quarantine_file: IO[str] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.counters = ProducerCounters()
         self.log = log or logger.info
@@ -99,20 +111,33 @@ class Coordinator:
         self.config_wire = config_to_wire(self.config)
         limit = receive_limit(settings)
         self.limits = wire.WireLimits(max_frame_bytes=limit, max_message_bytes=limit)
-        self.registry = WorkerRegistry(heartbeat_timeout=settings.heartbeat_timeout,
-                                       window_timeout=settings.window_timeout)
-        self.pipeline = Pipeline(source, CutSpec.from_settings(settings), self.config,
-                                 self.binding, epochs=settings.epochs,
-                                 window_budget_bytes=settings.window_budget_bytes,
-                                 quarantine=self._quarantine, counters=self.counters)
+        self.registry = WorkerRegistry(
+            heartbeat_timeout=settings.heartbeat_timeout, window_timeout=settings.window_timeout
+        )
+        self.pipeline = Pipeline(
+            source,
+            CutSpec.from_settings(settings),
+            self.config,
+            self.binding,
+            epochs=settings.epochs,
+            window_budget_bytes=settings.window_budget_bytes,
+            quarantine=self._quarantine,
+            counters=self.counters,
+        )
         self.delivery = Delivery(
-            tail=settings.tail, reorder_budget_bytes=settings.reorder_budget_bytes,
-            consumer_timeout=settings.consumer_timeout, send=send_consumer,
-            counters=self.counters, binding_wire=self.binding_wire,
-            filler=CompactBatch.filler_like(self.binding, settings.max_rows_per_batch,
-                                            settings.capacity, settings.policy),
-            epoch_live=self.pipeline.epoch_live, total=self.pipeline.totals.get,
-            numbered=self.pipeline.numbered)
+            tail=settings.tail,
+            reorder_budget_bytes=settings.reorder_budget_bytes,
+            consumer_timeout=settings.consumer_timeout,
+            send=send_consumer,
+            counters=self.counters,
+            binding_wire=self.binding_wire,
+            filler=CompactBatch.filler_like(
+                self.binding, settings.max_rows_per_batch, settings.capacity, settings.policy
+            ),
+            epoch_live=self.pipeline.epoch_live,
+            total=self.pipeline.totals.get,
+            numbered=self.pipeline.numbered,
+        )
         self.started = False  # nothing is cut before the first fetch says where to start
         self.metrics: Any = None  # service.metrics.ProducerMetrics, while metrics are served
         self._clamp_logged: set[bytes] = set()
@@ -137,8 +162,9 @@ class Coordinator:
         kind, fields = message.kind, message.fields
         if kind == "error":  # our message was refused; answering would start a ping-pong
             self.counters.add("peer_errors")
-            self.warn(f"producer: worker {identity.hex()} refused a message: "
-                      f"{fields['message'][:500]!r}")
+            self.warn(
+                f"producer: worker {identity.hex()} refused a message: {fields['message'][:500]!r}"
+            )
             return
         if kind in ("ready", "heartbeat"):
             stated = fields["credit"] if kind == "ready" else fields["free"]
@@ -148,8 +174,9 @@ class Coordinator:
             known = self.registry.get(identity) is not None
             worker = self.registry.register(identity, now)
             if worker is None:
-                raise ProtocolError(f"this producer already serves {len(self.registry)} "
-                                    f"workers; try again later")
+                raise ProtocolError(
+                    f"this producer already serves {len(self.registry)} workers; try again later"
+                )
             if not known:
                 self.counters.add("workers_joined")
             worker.needs_tokens = fields["needs_tokens"]
@@ -158,8 +185,10 @@ class Coordinator:
                     self.counters.add("credit_clamped")
                     if identity not in self._clamp_logged and len(self._clamp_logged) < 1024:
                         self._clamp_logged.add(identity)
-                        self.warn(f"producer: worker {identity.hex()} offered credit {stated}; "
-                                  f"a worker holds at most {MAX_CREDIT} windows (clamped)")
+                        self.warn(
+                            f"producer: worker {identity.hex()} offered credit {stated}; "
+                            f"a worker holds at most {MAX_CREDIT} windows (clamped)"
+                        )
             return
         if kind not in ("packed", "failed"):
             raise ProtocolError(f"{kind!r} is not a worker message")
@@ -177,26 +206,38 @@ class Coordinator:
             return
         state = self.pipeline.inflight.get(key)
         if held == "foreign" or state is None or state.holder != identity:
-            raise ProtocolError(f"window {key} was not given to this worker (or was "
-                                f"answered already); a worker may only answer its windows")
+            raise ProtocolError(
+                f"window {key} was not given to this worker (or was "
+                f"answered already); a worker may only answer its windows"
+            )
         assert worker is not None  # it held the window
         blamed = worker.proven and held == "oldest"  # see registry: what a loss may count
         if kind == "failed":
             self.counters.add("windows_failed_by_worker")
-            self.warn(f"producer: worker {identity.hex()} failed window {key}: "
-                      f"{fields['error'][:500]!r}; the contract plans it, so it goes elsewhere")
+            self.warn(
+                f"producer: worker {identity.hex()} failed window {key}: "
+                f"{fields['error'][:500]!r}; the contract plans it, so it goes elsewhere"
+            )
             self.pipeline.release(key, loss=blamed, why=f"reported {fields['error'][:200]!r}")
             self._assemble()
             return
         batches = state.plan.batches
         if not fields["audited"] <= batches or not fields["audit_failures"] <= fields["audited"]:
             self.pipeline.release(key, loss=False, why="out-of-range audit counts")
-            raise ProtocolError(f"audited={fields['audited']} audit_failures="
-                                f"{fields['audit_failures']}: need audit_failures <= audited "
-                                f"<= {batches} (the window's batches)")
+            raise ProtocolError(
+                f"audited={fields['audited']} audit_failures="
+                f"{fields['audit_failures']}: need audit_failures <= audited "
+                f"<= {batches} (the window's batches)"
+            )
         try:
-            check_plan(key, state.plan, self.config.capacity, message.arrays["occurrences"],
-                       message.arrays["batch_sizes"], fields["capacity"])
+            check_plan(
+                key,
+                state.plan,
+                self.config.capacity,
+                message.arrays["occurrences"],
+                message.arrays["batch_sizes"],
+                fields["capacity"],
+            )
         except ProtocolError:
             self.counters.add("plans_refused")
             self.pipeline.release(key, loss=False, why="refused plan")
@@ -209,8 +250,7 @@ class Coordinator:
             self.metrics.observe_pack(fields["seconds"])
         if fields["audit_error"]:
             self.counters.last_audit_error = fields["audit_error"][:500]
-            self.warn(f"producer: audit failures in window {key}: "
-                      f"{fields['audit_error'][:1000]!r}")
+            self.warn(f"producer: audit failures in window {key}: {fields['audit_error'][:1000]!r}")
         self.counters.add("batches_received", self.pipeline.accept(key))
         self.counters.peak("reorder_bytes_peak", self.reorder_bytes)
         self._assemble()
@@ -225,19 +265,25 @@ class Coordinator:
         try:
             message = wire.decode(frames, self.limits)
             if message.kind == "health":
-                self.send_consumer(identity, "status", {"serving": True, "stats": self.stats()},
-                                   None)
+                self.send_consumer(
+                    identity, "status", {"serving": True, "stats": self.stats()}, None
+                )
                 return
             if message.kind == "error":
                 self.counters.add("peer_errors")
-                self.warn(f"producer: consumer {identity.hex()} refused a message: "
-                          f"{message.fields['message'][:500]!r}")
+                self.warn(
+                    f"producer: consumer {identity.hex()} refused a message: "
+                    f"{message.fields['message'][:500]!r}"
+                )
                 return
             if message.kind != "fetch":
-                raise ProtocolError(f"a producer's consumer endpoint accepts 'fetch' and "
-                                    f"'health', not {message.kind!r}")
-            rewind_to = self.delivery.fetch(identity, message.fields, now,
-                                            self.pipeline.assembly_point)
+                raise ProtocolError(
+                    f"a producer's consumer endpoint accepts 'fetch' and "
+                    f"'health', not {message.kind!r}"
+                )
+            rewind_to = self.delivery.fetch(
+                identity, message.fields, now, self.pipeline.assembly_point
+            )
         except ProtocolError as exc:
             self.counters.add("rejected_consumer")
             self.warn(f"producer: rejected a message from consumer {identity.hex()}: {exc}")
@@ -258,8 +304,7 @@ class Coordinator:
             self.registry.take_back(identity, window)
         self.delivery.drop_from((key[0], base))
         self.counters.add("rewinds")
-        self.log(f"producer: replaying from epoch {key[0]} batch {base} (asked for batch "
-                 f"{key[1]})")
+        self.log(f"producer: replaying from epoch {key[0]} batch {base} (asked for batch {key[1]})")
 
     # -- time and flow -------------------------------------------------------------
 
@@ -269,8 +314,10 @@ class Coordinator:
         for identity in self.registry.silent(now):
             self.counters.add("workers_lost")
             held, blamed = self.registry.forget(identity)
-            self.warn(f"producer: worker {identity.hex()} silent for more than "
-                      f"{self.settings.heartbeat_timeout}s; reissuing {len(held)} window(s)")
+            self.warn(
+                f"producer: worker {identity.hex()} silent for more than "
+                f"{self.settings.heartbeat_timeout}s; reissuing {len(held)} window(s)"
+            )
             self._release_all(held, blamed, "silent")
         for identity, key in self.registry.overdue(now):
             if self.registry.get(identity) is None:
@@ -278,14 +325,17 @@ class Coordinator:
             self.counters.add("windows_overdue")
             self.counters.add("workers_dropped")
             held, blamed = self.registry.drop(identity, now, self.settings.window_timeout)
-            self.warn(f"producer: worker {identity.hex()} missed the deadline of window {key} "
-                      f"({self.settings.window_timeout}s); dropped, reissuing {len(held)} "
-                      f"window(s)")
+            self.warn(
+                f"producer: worker {identity.hex()} missed the deadline of window {key} "
+                f"({self.settings.window_timeout}s); dropped, reissuing {len(held)} "
+                f"window(s)"
+            )
             self._release_all(held, blamed, "missed its deadline")
         self.delivery.expire(now)
 
-    def _release_all(self, held: list[tuple[int, int]], blamed: tuple[int, int] | None,
-                     why: str) -> None:
+    def _release_all(
+        self, held: list[tuple[int, int]], blamed: tuple[int, int] | None, why: str
+    ) -> None:
         for key in held:
             self.pipeline.release(key, loss=key == blamed, why=why)
         self._assemble()
@@ -327,8 +377,10 @@ class Coordinator:
         budget = self.settings.reorder_budget_bytes
         if self.pipeline.may_cut(self.delivery.ready_bytes, budget):
             return True
-        if (self.pipeline.received_bytes + self.delivery.ready_bytes >= budget
-                and self.delivery.waits_ahead(self.pipeline.assembly_point)):
+        if (
+            self.pipeline.received_bytes + self.delivery.ready_bytes >= budget
+            and self.delivery.waits_ahead(self.pipeline.assembly_point)
+        ):
             # Someone waits for a batch not cut yet: the buffer must not block it.
             self.delivery.make_room(budget - self.pipeline.received_bytes)
             return self.pipeline.may_cut(self.delivery.ready_bytes, budget)
@@ -344,8 +396,13 @@ class Coordinator:
         arrays = window.arrays()
         if not with_tokens:  # planning needs the ranges only: half the bytes stay here
             arrays["tokens"] = arrays["tokens"][:0]
-        fields = {"epoch": window.epoch, "window": window.index, "binding": self.binding_wire,
-                  "config": self.config_wire, "with_tokens": with_tokens}
+        fields = {
+            "epoch": window.epoch,
+            "window": window.index,
+            "binding": self.binding_wire,
+            "config": self.config_wire,
+            "with_tokens": with_tokens,
+        }
         return self.send_worker(identity, "window", fields, arrays)
 
     def _assemble(self) -> None:
@@ -372,11 +429,14 @@ class Coordinator:
 
     def stats(self) -> dict[str, Any]:
         """Counters plus the current sizes of every table (what ``health`` reports)."""
-        return self.counters.as_dict() | self.delivery.stats() | {
-            "workers": len(self.registry),
-            "windows_in_flight": len(self.pipeline.inflight),
-            "window_bytes": self.pipeline.window_bytes,
-            "reorder_bytes": self.reorder_bytes,
-            "epoch": self.pipeline.asm_epoch,
-        }
-
+        return (
+            self.counters.as_dict()
+            | self.delivery.stats()
+            | {
+                "workers": len(self.registry),
+                "windows_in_flight": len(self.pipeline.inflight),
+                "window_bytes": self.pipeline.window_bytes,
+                "reorder_bytes": self.reorder_bytes,
+                "epoch": self.pipeline.asm_epoch,
+            }
+        )

@@ -102,18 +102,23 @@ class ProducerCounters:
         documents = np.bincount(sources)
         for source in np.flatnonzero(documents).tolist():
             key = str(source)
-            self.tokens_served_by_source[key] = (
-                self.tokens_served_by_source.get(key, 0) + int(tokens[source]))
-            self.documents_served_by_source[key] = (
-                self.documents_served_by_source.get(key, 0) + int(documents[source]))
+            self.tokens_served_by_source[key] = self.tokens_served_by_source.get(key, 0) + int(
+                tokens[source]
+            )
+            self.documents_served_by_source[key] = self.documents_served_by_source.get(
+                key, 0
+            ) + int(documents[source])
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter by name (a fresh dict, safe to extend, to encode and to read
         from another thread, e.g. the metrics server's)."""
         out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         out["quarantine_reasons"] = dict(self.quarantine_reasons)
-        for name in ("tokens_served_by_rank", "tokens_served_by_source",
-                     "documents_served_by_source"):
+        for name in (
+            "tokens_served_by_rank",
+            "tokens_served_by_source",
+            "documents_served_by_source",
+        ):
             out[name] = dict(getattr(self, name))
         return out
 

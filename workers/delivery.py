@@ -124,18 +124,32 @@ class Consumer:
 class Delivery:
     """Ready batches, pending fetches and consumers (see module docstring)."""
 
-    def __init__(self, *, tail: str, reorder_budget_bytes: int, consumer_timeout: float,
-                 send: Send, counters: ProducerCounters, binding_wire: dict[str, Any],
-                 filler: CompactBatch, epoch_live: Callable[[int], bool],
-                 total: Callable[[int], int | None], numbered: Callable[[int], int]) -> None:
+    def __init__(
+        self,
+        *,
+        tail: str,
+        reorder_budget_bytes: int,
+        consumer_timeout: float,
+        send: Send,
+        counters: ProducerCounters,
+        binding_wire: dict[str, Any],
+        filler: CompactBatch,
+        epoch_live: Callable[[int], bool],
+        total: Callable[[int], int | None],
+        numbered: Callable[[int], int],
+    ) -> None:
         self.tail = tail
         self.reorder_budget_bytes = reorder_budget_bytes
         self.consumer_timeout = consumer_timeout
         self.send = send
         self.counters = counters
         self.binding_wire = binding_wire
-        self._filler_fields = {"filler": True, "window": -1, "batch": -1,
-                               "binding": binding_wire} | wire.batch_shape(filler)
+        self._filler_fields = {
+            "filler": True,
+            "window": -1,
+            "batch": -1,
+            "binding": binding_wire,
+        } | wire.batch_shape(filler)
         self._filler_arrays = wire.batch_arrays(filler)
         self.epoch_live = epoch_live
         self.total = total
@@ -151,24 +165,35 @@ class Delivery:
 
     # -- fetches -------------------------------------------------------------------
 
-    def fetch(self, identity: bytes, fields: dict[str, Any], now: float,
-              assembly_point: Key) -> Key | None:
+    def fetch(
+        self, identity: bytes, fields: dict[str, Any], now: float, assembly_point: Key
+    ) -> Key | None:
         """Take one ``fetch`` message. Returns the key to rewind to, if any.
 
         Raises ``ProtocolError`` for a fetch out of range (nothing is changed then).
         """
         rank, world, epoch, index, count, base = (
-            fields["rank"], fields["world_size"], fields["epoch"], fields["index"],
-            fields["count"], fields["base"])
-        if (not 0 <= rank < world <= MAX_WORLD_SIZE or not 0 <= epoch < MAX_KEY
-                or not 0 <= base <= index < MAX_KEY or (index - base) % world != rank
-                or not 1 <= count <= MAX_PENDING_PER_CONSUMER):
+            fields["rank"],
+            fields["world_size"],
+            fields["epoch"],
+            fields["index"],
+            fields["count"],
+            fields["base"],
+        )
+        if (
+            not 0 <= rank < world <= MAX_WORLD_SIZE
+            or not 0 <= epoch < MAX_KEY
+            or not 0 <= base <= index < MAX_KEY
+            or (index - base) % world != rank
+            or not 1 <= count <= MAX_PENDING_PER_CONSUMER
+        ):
             raise ProtocolError(
                 f"fetch rank={rank} world_size={world} epoch={epoch} index={index} "
                 f"count={count} base={base}: need 0 <= rank < world_size <= "
                 f"{MAX_WORLD_SIZE}, 0 <= epoch < 2**48, 0 <= base <= index < 2**48, "
                 f"index = base + rank mod world_size and "
-                f"1 <= count <= {MAX_PENDING_PER_CONSUMER}")
+                f"1 <= count <= {MAX_PENDING_PER_CONSUMER}"
+            )
         consumer = self.consumers.get(identity)
         if consumer is None or (consumer.rank, consumer.world_size) != (rank, world):
             if consumer is not None:
@@ -178,7 +203,8 @@ class Delivery:
         fresh = [key for key in fresh if key not in consumer.pending]
         if len(consumer.pending) + len(fresh) > MAX_PENDING_PER_CONSUMER:
             raise ProtocolError(
-                f"more than {MAX_PENDING_PER_CONSUMER} fetches outstanding from one consumer")
+                f"more than {MAX_PENDING_PER_CONSUMER} fetches outstanding from one consumer"
+            )
         self.consumers[identity] = consumer
         self.consumers.move_to_end(identity)
         consumer.last_heard = now
@@ -243,8 +269,9 @@ class Delivery:
         else:
             total = self.total(epoch) or 0
             per_rank, limit = consumer.share(epoch, total, self.tail)
-            sent = self.send(identity, "epoch_end",
-                             {"epoch": epoch, "per_rank": per_rank, "total": total}, None)
+            sent = self.send(
+                identity, "epoch_end", {"epoch": epoch, "per_rank": per_rank, "total": total}, None
+            )
             consumer.after = (epoch + 1, consumer.rank)
             # Keys past the limit need no other answer; those before it still get theirs.
             self._cancel(identity, consumer, lambda k: k[0] == epoch and k[1] >= limit)
@@ -263,9 +290,14 @@ class Delivery:
     def _serve(self, key: Key, identities: list[bytes]) -> None:
         """Send ready batch ``key`` to each identity; forget it once one took it."""
         entry = self.ready[key]
-        fields = {"epoch": key[0], "index": key[1], "window": entry.window,
-                  "batch": entry.number, "filler": False,
-                  "binding": self.binding_wire} | wire.batch_shape(entry.batch)
+        fields = {
+            "epoch": key[0],
+            "index": key[1],
+            "window": entry.window,
+            "batch": entry.number,
+            "filler": False,
+            "binding": self.binding_wire,
+        } | wire.batch_shape(entry.batch)
         arrays = wire.batch_arrays(entry.batch)
         delivered = False
         for identity in identities:
@@ -288,7 +320,8 @@ class Delivery:
             self.counters.add("cells_served", entry.batch.rows * entry.batch.capacity)
             occurrences = entry.batch.occurrences
             self.counters.served_by_source(
-                entry.batch.sources, (occurrences["stop"] - occurrences["start"]).astype(np.int64))
+                entry.batch.sources, (occurrences["stop"] - occurrences["start"]).astype(np.int64)
+            )
 
     def _cancel(self, identity: bytes, consumer: Consumer, which: Callable[[Key], bool]) -> None:
         """Drop the pending keys of one consumer that an end answer covered."""
@@ -359,9 +392,10 @@ class Delivery:
         """Whether some consumer waits for what only more cutting brings: a batch not
         numbered yet, or (``tail = "drop"``) the later batches or the epoch's total that
         decide whether a ready batch is part of its share."""
-        return any(key >= assembly_point
-                   or (key in self.ready and self.total(key[0]) is None)
-                   for key in self.pending)
+        return any(
+            key >= assembly_point or (key in self.ready and self.total(key[0]) is None)
+            for key in self.pending
+        )
 
     def _passed(self) -> Callable[[Key], bool]:
         """A test for keys no consumer can still ask for (see module docstring)."""
@@ -429,5 +463,8 @@ class Delivery:
             self._forget_consumer(oldest)
 
     def stats(self) -> dict[str, int]:
-        return {"ready_batches": len(self.ready), "pending_fetches": self.pending_count,
-                "consumers": len(self.consumers)}
+        return {
+            "ready_batches": len(self.ready),
+            "pending_fetches": self.pending_count,
+            "consumers": len(self.consumers),
+        }

@@ -113,13 +113,22 @@ class _Rank:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--corpus", help="corpus manifest or directory "
-                        "(default: fixtures/corpus of the source checkout)")
+    parser.add_argument(
+        "--corpus",
+        help="corpus manifest or directory (default: fixtures/corpus of the source checkout)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="pack workers (default: 2)")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress line (there is none unless stderr is a terminal)")
-    parser.add_argument("--audit-every", type=int, default=8,
-                        help="audit every N-th batch per worker; 0 = no audit (default: 8)")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress line (there is none unless stderr is a terminal)",
+    )
+    parser.add_argument(
+        "--audit-every",
+        type=int,
+        default=8,
+        help="audit every N-th batch per worker; 0 = no audit (default: 8)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -130,16 +139,31 @@ def main(args: argparse.Namespace) -> int:
     consumer_endpoint = f"tcp://127.0.0.1:{_free_port()}"
     scratch = tempfile.TemporaryDirectory(prefix="streampack-demo-")
     quarantine = Path(scratch.name) / "quarantine.jsonl"
-    command = [sys.executable, "-m", "streampack.cli", "serve", "--corpus", str(corpus),
-               "--workers", str(args.workers), "--audit-every", str(args.audit_every),
-               "--worker-endpoint", worker_endpoint, "--consumer-endpoint", consumer_endpoint,
-               "--quarantine-path", str(quarantine)]
+    command = [
+        sys.executable,
+        "-m",
+        "streampack.cli",
+        "serve",
+        "--corpus",
+        str(corpus),
+        "--workers",
+        str(args.workers),
+        "--audit-every",
+        str(args.audit_every),
+        "--worker-endpoint",
+        worker_endpoint,
+        "--consumer-endpoint",
+        consumer_endpoint,
+        "--quarantine-path",
+        str(quarantine),
+    ]
     for key, value in DEMO_SETTINGS.items():
         command += ["--" + key.replace("_", "-"), str(value)]
     logger.info("serving %s with %d workers to %d consumer ranks", corpus, args.workers, RANKS)
     log = open(quarantine.parent / "serve.log", "w")
-    serve = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    serve = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     try:
         deadline = time.monotonic() + 120
         while check(consumer_endpoint, 1.0) is None:
@@ -147,8 +171,11 @@ def main(args: argparse.Namespace) -> int:
                 log.flush()
                 # serve's last line says why (its one-line error when it refused to start).
                 said = Path(log.name).read_text().strip().splitlines() or ["no output"]
-                how = (f"exited with status {serve.returncode}" if serve.poll() is not None
-                       else "did not serve within 120 s")
+                how = (
+                    f"exited with status {serve.returncode}"
+                    if serve.poll() is not None
+                    else "did not serve within 120 s"
+                )
                 raise StreampackError(f"serve {how}: {said[-1]}")
         ranks = [_Rank(r) for r in range(RANKS)]
         progress = Progress("demo", unit="batches", enabled=not args.quiet)
@@ -162,8 +189,11 @@ def main(args: argparse.Namespace) -> int:
                 started = time.perf_counter()  # rate from the first batch on
                 progress.start()
                 continue
-            progress.update(sum(r.batches for r in ranks), sum(r.valid for r in ranks),
-                            note=f"per rank {[r.batches for r in ranks]}")
+            progress.update(
+                sum(r.batches for r in ranks),
+                sum(r.valid for r in ranks),
+                note=f"per rank {[r.batches for r in ranks]}",
+            )
         progress.close()
         seconds = time.perf_counter() - started
         for thread in threads:
@@ -184,12 +214,18 @@ def main(args: argparse.Namespace) -> int:
             print(f"demo: rank {r.rank} failed: {r.error!r}", flush=True)
             return 1
 
-    spec = CutSpec(capacity=int(DEMO_SETTINGS["capacity"]),
-                   window_documents=int(DEMO_SETTINGS["window_documents"]),
-                   window_tokens=int(DEMO_SETTINGS["window_tokens"]))
+    spec = CutSpec(
+        capacity=int(DEMO_SETTINGS["capacity"]),
+        window_documents=int(DEMO_SETTINGS["window_documents"]),
+        window_tokens=int(DEMO_SETTINGS["window_tokens"]),
+    )
     want, documents, reasons = expected_pairs(corpus, spec)
-    got = np.concatenate([i for r in ranks for i in r.ids]) if any(r.ids for r in ranks) else \
-        np.zeros((0, 3), np.int64)
+    got = (
+        np.concatenate([i for r in ranks for i in r.ids])
+        if any(r.ids for r in ranks)
+        else np.zeros((0, 3), np.int64)
+    )
+
     def in_order(a: np.ndarray) -> np.ndarray:
         return a[np.lexsort(a.T[::-1])]
 
@@ -215,20 +251,27 @@ def main(args: argparse.Namespace) -> int:
         "equal_batches_per_rank": equal_counts,
     }
     why = ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items()))
-    print(f"documents     {documents} ({want.shape[0]} selected, "
-          f"{documents - want.shape[0]} quarantined{f' - {why}' if why else ''})")
+    print(
+        f"documents     {documents} ({want.shape[0]} selected, "
+        f"{documents - want.shape[0]} quarantined{f' - {why}' if why else ''})"
+    )
     print(f"occurrences   {got.shape[0]}   targets {summary['targets']}")
-    print(f"batches/rank  {summary['batches_per_rank']} "
-          f"(fillers {summary['fillers_per_rank']})")
-    print(f"fill ratio    {summary['fill_ratio']:.3f}   "
-          f"throughput {valid / seconds / 1e6:.3f} M tokens/s over {seconds:.2f}s"
-          f"{' (workers auditing)' if args.audit_every else ''}")
-    print(f"audit         {audited} batches audited, {failures} failed"
-          f"{'' if audit_ok else '  <-- FAILED'}")
+    print(f"batches/rank  {summary['batches_per_rank']} (fillers {summary['fillers_per_rank']})")
+    print(
+        f"fill ratio    {summary['fill_ratio']:.3f}   "
+        f"throughput {valid / seconds / 1e6:.3f} M tokens/s over {seconds:.2f}s"
+        f"{' (workers auditing)' if args.audit_every else ''}"
+    )
+    print(
+        f"audit         {audited} batches audited, {failures} failed"
+        f"{'' if audit_ok else '  <-- FAILED'}"
+    )
     if failures:
         print(f"              {stats.get('last_audit_error', '')[:300]}")
-    print(f"exactly once  {'yes' if exactly_once else 'NO'}: every selected (document, range) "
-          f"arrived {'exactly once' if exactly_once else 'NOT exactly once'} across "
-          f"{RANKS} ranks; equal batches per rank: {'yes' if equal_counts else 'NO'}")
+    print(
+        f"exactly once  {'yes' if exactly_once else 'NO'}: every selected (document, range) "
+        f"arrived {'exactly once' if exactly_once else 'NOT exactly once'} across "
+        f"{RANKS} ranks; equal batches per rank: {'yes' if equal_counts else 'NO'}"
+    )
     print(json.dumps(summary), flush=True)
     return 0 if exactly_once and equal_counts and audit_ok else 1

@@ -38,11 +38,14 @@ def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterat
         for batch in pack_examples(window_examples(window.arrays()), binding, config).batches:
             # Each occurrence's source in a mixture, as the producer attaches it.
             yield dataclasses.replace(
-                batch, sources=window.source_index[batch.occurrences["ordinal"]])
+                batch, sources=window.source_index[batch.occurrences["ordinal"]]
+            )
 
 
 def rank_stream(
-    settings: ProducerSettings, rank: int, world_size: int,
+    settings: ProducerSettings,
+    rank: int,
+    world_size: int,
     start: tuple[int, int, int] | None = None,
 ) -> Iterator[tuple[int, int, PackedBatch]]:
     """(epoch, global index, batch) of everything rank ``rank`` receives, in order; from
@@ -70,8 +73,12 @@ def rank_stream(
                 yield epoch, g, b
         for g in range(begin, limit, world_size):
             if g >= total:
-                yield epoch, g, PackedBatch.filler_like(
-                    binding, settings.max_rows_per_batch, settings.capacity, settings.policy
+                yield (
+                    epoch,
+                    g,
+                    PackedBatch.filler_like(
+                        binding, settings.max_rows_per_batch, settings.capacity, settings.policy
+                    ),
                 )
         if total == 0:
             return  # no documents: every epoch is empty, so an unbounded stream ends
@@ -83,11 +90,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=int, default=0, help="rank (default: 0)")
     parser.add_argument("--world-size", type=int, default=1, help="ranks (default: 1)")
     parser.add_argument(
-        "--max-batches", type=int, default=None,
+        "--max-batches",
+        type=int,
+        default=None,
         help="stop after this many batches (required when epochs = 0)",
     )
-    parser.add_argument("--state-in", help="start from the cursor(s) in this JSON file, as "
-                        "consume --state-in does (also another world size's)")
+    parser.add_argument(
+        "--state-in",
+        help="start from the cursor(s) in this JSON file, as "
+        "consume --state-in does (also another world size's)",
+    )
     add_flags(parser, ProducerSettings, skip=("worker_endpoint", "consumer_endpoint"))
 
 
@@ -104,8 +116,9 @@ def main(args: argparse.Namespace) -> int:
             with open(args.state_in) as handle:
                 saved = json.load(handle)
         except (OSError, ValueError) as exc:
-            raise InvalidConfig(f"--state-in {args.state_in}: cannot read a JSON cursor: "
-                                f"{exc}") from None
+            raise InvalidConfig(
+                f"--state-in {args.state_in}: cannot read a JSON cursor: {exc}"
+            ) from None
         try:
             start = resume_cursor(saved, args.rank, args.world_size)
         except ResumeError as exc:

@@ -48,13 +48,20 @@ def check(endpoint: str, timeout: float, curve_server_key: str | None = None) ->
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", default="tcp://127.0.0.1:5556",
-                        help="the producer's consumer endpoint (default: tcp://127.0.0.1:5556)")
-    parser.add_argument("--timeout", type=float, default=5.0,
-                        help="seconds to wait for an answer (default: 5)")
-    parser.add_argument("--curve-server-key", default=env_default("curve_server_key"),
-                        help="the producer's Z85 CURVE public key, when it uses CURVE (or "
-                        f"the environment variable {FIELD_ENV['curve_server_key']})")
+    parser.add_argument(
+        "--endpoint",
+        default="tcp://127.0.0.1:5556",
+        help="the producer's consumer endpoint (default: tcp://127.0.0.1:5556)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
+    )
+    parser.add_argument(
+        "--curve-server-key",
+        default=env_default("curve_server_key"),
+        help="the producer's Z85 CURVE public key, when it uses CURVE (or "
+        f"the environment variable {FIELD_ENV['curve_server_key']})",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -64,8 +71,9 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps({"serving": False, "error": str(exc)}), flush=True)
         return 1
     if status is None:
-        print(json.dumps({"serving": False, "error": f"no answer within {args.timeout}s"}),
-              flush=True)
+        print(
+            json.dumps({"serving": False, "error": f"no answer within {args.timeout}s"}), flush=True
+        )
         return 1
     print(json.dumps(status), flush=True)
     return 0 if status.get("serving") else 1

@@ -50,8 +50,10 @@ def corpus_batch(settings: ProducerSettings, epoch: int, index: int) -> PackedBa
     batch = next(itertools.islice(epoch_batches(settings, source, epoch), index, None), None)
     if batch is None:
         total = sum(1 for _ in epoch_batches(settings, source, epoch))
-        raise InvalidConfig(f"--batch {index}; epoch {epoch} of this corpus and these settings "
-                            f"has batches 0..{total - 1}")
+        raise InvalidConfig(
+            f"--batch {index}; epoch {epoch} of this corpus and these settings "
+            f"has batches 0..{total - 1}"
+        )
     return batch
 
 
@@ -64,25 +66,51 @@ def use_colour(choice: bool | None) -> bool:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     source = parser.add_argument_group("which batch (default: the worked example)")
-    source.add_argument("--fixture", default=None,
-                        help="worked-example input.json (default: fixtures/seed/input.json)")
-    source.add_argument("--batch-file", default=None,
-                        help="a batch saved by `streampack consume --save-batch FILE.npz`")
-    source.add_argument("--batch", type=int, default=0,
-                        help="with --corpus: the global batch index in its epoch (default: 0)")
-    source.add_argument("--epoch", type=int, default=0,
-                        help="with --corpus: the epoch (default: 0)")
+    source.add_argument(
+        "--fixture",
+        default=None,
+        help="worked-example input.json (default: fixtures/seed/input.json)",
+    )
+    source.add_argument(
+        "--batch-file",
+        default=None,
+        help="a batch saved by `streampack consume --save-batch FILE.npz`",
+    )
+    source.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="with --corpus: the global batch index in its epoch (default: 0)",
+    )
+    source.add_argument(
+        "--epoch", type=int, default=0, help="with --corpus: the epoch (default: 0)"
+    )
     source.add_argument("--config", help="TOML settings file; its [producer] table is read")
-    parser.add_argument("--row", type=int, default=0,
-                        help="the row shown in detail, with its permission matrix (default: 0)")
+    parser.add_argument(
+        "--row",
+        type=int,
+        default=0,
+        help="the row shown in detail, with its permission matrix (default: 0)",
+    )
     parser.add_argument("--png", default=None, help="also draw the picture into this PNG file")
-    parser.add_argument("--width", type=int, default=100,
-                        help="terminal columns to fit the text into (default: 100)")
-    parser.add_argument("--color", dest="color", default=None,
-                        action=argparse.BooleanOptionalAction,
-                        help="ANSI colours (default: on a terminal only, and not with NO_COLOR)")
-    add_flags(parser, ProducerSettings, skip=("worker_endpoint", "consumer_endpoint",
-                                                  "metrics_port", "metrics_address"))
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=100,
+        help="terminal columns to fit the text into (default: 100)",
+    )
+    parser.add_argument(
+        "--color",
+        dest="color",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="ANSI colours (default: on a terminal only, and not with NO_COLOR)",
+    )
+    add_flags(
+        parser,
+        ProducerSettings,
+        skip=("worker_endpoint", "consumer_endpoint", "metrics_port", "metrics_address"),
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -99,8 +127,11 @@ def main(args: argparse.Namespace) -> int:
         batch, title = worked_example(args.fixture), "the worked example"
     if not 0 <= args.row < batch.rows:
         raise InvalidConfig(f"--row {args.row}; this batch has rows 0..{batch.rows - 1}")
-    sys.stdout.write(batch_text(batch, row=args.row, title=title, width=args.width,
-                                colour=use_colour(args.color)))
+    sys.stdout.write(
+        batch_text(
+            batch, row=args.row, title=title, width=args.width, colour=use_colour(args.color)
+        )
+    )
     if args.png:
         batch_png(batch, args.png, row=args.row, title=title)
     return 0

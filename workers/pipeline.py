@@ -94,10 +94,18 @@ class EpochTotal:
 class Pipeline:
     """Cutting, windows in flight and assembly in window order (see module docstring)."""
 
-    def __init__(self, source: Any, spec: CutSpec, config: PackConfig, binding: Binding, *,
-                 epochs: int, window_budget_bytes: int,
-                 quarantine: Callable[[list[dict[str, Any]]], None],
-                 counters: ProducerCounters) -> None:
+    def __init__(
+        self,
+        source: Any,
+        spec: CutSpec,
+        config: PackConfig,
+        binding: Binding,
+        *,
+        epochs: int,
+        window_budget_bytes: int,
+        quarantine: Callable[[list[dict[str, Any]]], None],
+        counters: ProducerCounters,
+    ) -> None:
         self.source = source
         self.counters = counters
         self.spec = spec
@@ -200,12 +208,20 @@ class Pipeline:
     def _quarantine_whole(self, state: WindowState, error: str) -> None:
         window = state.window
         self.counters.add("windows_failed")
-        self.quarantine([
-            {"epoch": window.epoch, "window": window.index, "source_id": int(s),
-             "example_id": int(x), "location": "", "reason": "pack_failed",
-             "detail": error[:500]}
-            for s, x in zip(window.source_id, window.example_id)
-        ])
+        self.quarantine(
+            [
+                {
+                    "epoch": window.epoch,
+                    "window": window.index,
+                    "source_id": int(s),
+                    "example_id": int(x),
+                    "location": "",
+                    "reason": "pack_failed",
+                    "detail": error[:500],
+                }
+                for s, x in zip(window.source_id, window.example_id)
+            ]
+        )
         self.received_bytes -= state.batch_bytes
         state.batches = []
         state.batch_bytes = 0
@@ -223,9 +239,13 @@ class Pipeline:
                 continue
             del self.reissue[position]
             return state
-        self.reissue = [k for k in self.reissue if k in self.inflight
-                        and self.inflight[k].holder is None
-                        and self.inflight[k].batches is None]
+        self.reissue = [
+            k
+            for k in self.reissue
+            if k in self.inflight
+            and self.inflight[k].holder is None
+            and self.inflight[k].batches is None
+        ]
         return None
 
     def hand_to(self, state: WindowState, identity: bytes) -> None:
@@ -244,8 +264,9 @@ class Pipeline:
         if loss:
             state.losses += 1
             if state.losses >= MAX_LOSSES:
-                self._quarantine_whole(state, f"{state.losses} workers were lost packing "
-                                              f"this window; last: {why}")
+                self._quarantine_whole(
+                    state, f"{state.losses} workers were lost packing this window; last: {why}"
+                )
                 return True
         if key not in self.reissue:
             bisect.insort(self.reissue, key)
@@ -255,8 +276,14 @@ class Pipeline:
         """The holder answered ``key`` with the contract's plan: its batches are
         built from the producer's own plan and window. Returns how many."""
         state = self.inflight[key]
-        batches = plan_batches(state.window, state.plan, self.binding, self.config.capacity,
-                               self.config.max_rows_per_batch, self.config.policy)
+        batches = plan_batches(
+            state.window,
+            state.plan,
+            self.binding,
+            self.config.capacity,
+            self.config.max_rows_per_batch,
+            self.config.policy,
+        )
         state.holder = None
         state.batches = batches
         state.batch_bytes = sum(batch.nbytes for batch in batches)
@@ -294,8 +321,11 @@ class Pipeline:
             if len(counts) == self.asm_window:
                 counts.append(len(state.batches))
             for number, batch in enumerate(state.batches):
-                events.append(Assembled(self.asm_epoch, self.asm_index + number, batch,
-                                        self.asm_window, number))
+                events.append(
+                    Assembled(
+                        self.asm_epoch, self.asm_index + number, batch, self.asm_window, number
+                    )
+                )
             self.asm_index += len(state.batches)
             self.asm_window += 1
 
@@ -323,8 +353,9 @@ class Pipeline:
                 break
             base += count
             window += 1
-        taken = [(state.holder, key) for key, state in self.inflight.items()
-                 if state.holder is not None]
+        taken = [
+            (state.holder, key) for key, state in self.inflight.items() if state.holder is not None
+        ]
         self.inflight.clear()
         self.reissue.clear()
         self.window_bytes = 0

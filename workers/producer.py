@@ -105,23 +105,33 @@ class Producer:
         )
         self._sockets: dict[str, zmq.Socket] = {}
         self.coordinator = Coordinator(
-            settings, source,
+            settings,
+            source,
             send_worker=lambda *message: self._send("workers", *message),
             send_consumer=lambda *message: self._send("consumers", *message),
-            quarantine_file=self._quarantine_file, log=log)  # None: logged with levels
+            quarantine_file=self._quarantine_file,
+            log=log,
+        )  # None: logged with levels
         self.stopping = False
         self.serving = False
 
-    def _send(self, which: str, identity: bytes, kind: str, fields: dict[str, Any],
-              arrays: dict[str, Any] | None) -> bool:
+    def _send(
+        self,
+        which: str,
+        identity: bytes,
+        kind: str,
+        fields: dict[str, Any],
+        arrays: dict[str, Any] | None,
+    ) -> bool:
         """Send without blocking; False when the peer is gone or not reading (the
         sockets are ROUTER_MANDATORY, so an unknown identity is an error, not a drop)."""
         socket = self._sockets.get(which)
         if socket is None:
             return False
         try:
-            socket.send_multipart([identity, *wire.encode(kind, fields, arrays)],
-                                  flags=zmq.NOBLOCK, copy=False)
+            socket.send_multipart(
+                [identity, *wire.encode(kind, fields, arrays)], flags=zmq.NOBLOCK, copy=False
+            )
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
@@ -136,8 +146,7 @@ class Producer:
     def stop(self) -> None:
         self.stopping = True
 
-    def _bind(self, context: zmq.Context, field: str, endpoint: str,
-              max_bytes: int) -> zmq.Socket:
+    def _bind(self, context: zmq.Context, field: str, endpoint: str, max_bytes: int) -> zmq.Socket:
         socket = context.socket(zmq.ROUTER)
         wire.configure_socket(socket, max_bytes)
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -156,11 +165,14 @@ class Producer:
             from streampack.service.metrics import MetricsServer, ProducerMetrics
 
             metrics = ProducerMetrics(
-                self.snapshot, window_budget_bytes=self.settings.window_budget_bytes,
-                reorder_budget_bytes=self.settings.reorder_budget_bytes)
+                self.snapshot,
+                window_budget_bytes=self.settings.window_budget_bytes,
+                reorder_budget_bytes=self.settings.reorder_budget_bytes,
+            )
             self.coordinator.metrics = metrics
-            metrics_server = MetricsServer(metrics.registry, self.settings.metrics_port,
-                                           self.settings.metrics_address)
+            metrics_server = MetricsServer(
+                metrics.registry, self.settings.metrics_port, self.settings.metrics_address
+            )
         context = zmq.Context()
         # Frames up to max_message_bytes reach the coordinator, which refuses any message
         # larger than the plans of a window it handed out (see receive_limit).
@@ -168,15 +180,18 @@ class Producer:
         # Consumers send fetch and health requests only: a header, nothing more.
         consumer_limit = wire.DEFAULT_LIMITS.max_header_bytes
         try:
-            workers = self._bind(context, "worker_endpoint", self.settings.worker_endpoint,
-                                 worker_limit)
+            workers = self._bind(
+                context, "worker_endpoint", self.settings.worker_endpoint, worker_limit
+            )
             self._sockets["workers"] = workers
-            consumers = self._bind(context, "consumer_endpoint",
-                                   self.settings.consumer_endpoint, consumer_limit)
+            consumers = self._bind(
+                context, "consumer_endpoint", self.settings.consumer_endpoint, consumer_limit
+            )
             self._sockets["consumers"] = consumers
             if local_worker_endpoint is not None:
-                wire.attach(workers, local_worker_endpoint, field="local worker endpoint",
-                            bind=True)
+                wire.attach(
+                    workers, local_worker_endpoint, field="local worker endpoint", bind=True
+                )
             self.serving = True
             worker_at = workers.getsockopt_string(zmq.LAST_ENDPOINT)
             consumer_at = consumers.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -201,13 +216,16 @@ class Producer:
         poller = zmq.Poller()
         poller.register(workers, zmq.POLLIN)
         poller.register(consumers, zmq.POLLIN)
-        tick_every = min(0.25, self.settings.heartbeat_timeout / 4,
-                         self.settings.window_timeout / 4)
+        tick_every = min(
+            0.25, self.settings.heartbeat_timeout / 4, self.settings.window_timeout / 4
+        )
         next_tick = time.monotonic()
         while not self.stopping:
             events = dict(poller.poll(100))
-            for socket, handle in ((workers, coordinator.on_worker),
-                                   (consumers, coordinator.on_consumer)):
+            for socket, handle in (
+                (workers, coordinator.on_worker),
+                (consumers, coordinator.on_consumer),
+            ):
                 for _ in range(BATCH_OF_MESSAGES if socket in events else 0):
                     try:
                         frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)

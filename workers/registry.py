@@ -65,8 +65,14 @@ class WorkerRecord:
 class WorkerRegistry:
     """The registered workers (see module docstring). Plain state, no sockets."""
 
-    def __init__(self, *, heartbeat_timeout: float, window_timeout: float,
-                 max_workers: int = MAX_WORKERS, max_credit: int = MAX_CREDIT) -> None:
+    def __init__(
+        self,
+        *,
+        heartbeat_timeout: float,
+        window_timeout: float,
+        max_workers: int = MAX_WORKERS,
+        max_credit: int = MAX_CREDIT,
+    ) -> None:
         self.heartbeat_timeout = heartbeat_timeout
         self.window_timeout = window_timeout
         self.max_workers = max_workers
@@ -77,7 +83,8 @@ class WorkerRegistry:
         # Windows taken back from a worker, or held by one that was forgotten: an
         # answer about one of them is late, not hostile (oldest forgotten first).
         self.released: collections.OrderedDict[tuple[bytes, WindowKey], None] = (
-            collections.OrderedDict())
+            collections.OrderedDict()
+        )
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -151,8 +158,12 @@ class WorkerRegistry:
 
     def overdue(self, now: float) -> list[tuple[bytes, WindowKey]]:
         """(worker, window) pairs whose deadline has passed."""
-        return [(identity, key) for identity, worker in self.workers.items()
-                for key, deadline in worker.held.items() if deadline <= now]
+        return [
+            (identity, key)
+            for identity, worker in self.workers.items()
+            for key, deadline in worker.held.items()
+            if deadline <= now
+        ]
 
     def forget(self, identity: bytes) -> tuple[list[WindowKey], WindowKey | None]:
         """Remove a worker. Returns the windows it held and the one a loss counts
@@ -166,8 +177,9 @@ class WorkerRegistry:
         blamed = held[0] if held and worker.proven else None
         return held, blamed
 
-    def drop(self, identity: bytes, now: float, for_seconds: float
-             ) -> tuple[list[WindowKey], WindowKey | None]:
+    def drop(
+        self, identity: bytes, now: float, for_seconds: float
+    ) -> tuple[list[WindowKey], WindowKey | None]:
         """``forget`` a worker that missed a deadline, and ignore it for ``for_seconds``
         (its messages are counted and dropped: it cannot take windows again at once)."""
         result = self.forget(identity)

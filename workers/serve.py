@@ -64,10 +64,17 @@ class Supervisor:
     ``on_give_up`` is called (``serve`` stops the producer and exits non-zero).
     """
 
-    def __init__(self, count: int, command: Callable[[int], list[str]], *, grace: float = 5.0,
-                 max_failures: int = 5, backoff: tuple[float, float] = (0.2, 10.0),
-                 healthy_after: float = 10.0, on_give_up: Callable[[], None] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        count: int,
+        command: Callable[[int], list[str]],
+        *,
+        grace: float = 5.0,
+        max_failures: int = 5,
+        backoff: tuple[float, float] = (0.2, 10.0),
+        healthy_after: float = 10.0,
+        on_give_up: Callable[[], None] | None = None,
+    ) -> None:
         self.count = count
         self.command = command
         self.grace = grace
@@ -107,8 +114,13 @@ class Supervisor:
         delay = min(self.backoff[1], self.backoff[0] * 2 ** max(0, self.failures[slot] - 1))
         self.restart_at[slot] = now + delay
         self.restarts += 1
-        logger.warning("worker %d (pid %d) exited with %s; restarting in %.1fs", slot,
-                       proc.pid, proc.returncode, delay)
+        logger.warning(
+            "worker %d (pid %d) exited with %s; restarting in %.1fs",
+            slot,
+            proc.pid,
+            proc.returncode,
+            delay,
+        )
 
     def _loop(self) -> None:
         for slot in range(self.count):
@@ -154,13 +166,25 @@ class Supervisor:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML settings file ([producer] and [worker] tables)")
     parser.add_argument("--workers", type=int, default=2, help="local pack workers (default: 2)")
-    parser.add_argument("--audit-every", type=int, default=None,
-                        help="workers audit every N-th batch (default: [worker] audit_every, 0)")
-    parser.add_argument("--grace", type=float, default=5.0,
-                        help="seconds workers get to exit on shutdown (default: 5)")
-    parser.add_argument("--local-ipc", action=argparse.BooleanOptionalAction, default=True,
-                        help="connect the local workers over an ipc:// socket in a private "
-                        "temporary directory instead of the worker endpoint (default: on)")
+    parser.add_argument(
+        "--audit-every",
+        type=int,
+        default=None,
+        help="workers audit every N-th batch (default: [worker] audit_every, 0)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="seconds workers get to exit on shutdown (default: 5)",
+    )
+    parser.add_argument(
+        "--local-ipc",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="connect the local workers over an ipc:// socket in a private "
+        "temporary directory instead of the worker endpoint (default: on)",
+    )
     add_flags(parser, ProducerSettings)
 
 
@@ -169,8 +193,10 @@ def main(args: argparse.Namespace) -> int:
     check_number("--workers", args.workers, minimum=1, integer=True)
     check_number("--grace", args.grace, minimum=0)
     if settings.metrics_port and settings.metrics_port + args.workers > 65535:
-        raise InvalidConfig(f"metrics_port {settings.metrics_port}: local workers serve "
-                            f"theirs on the next {args.workers} ports, which must be <= 65535")
+        raise InvalidConfig(
+            f"metrics_port {settings.metrics_port}: local workers serve "
+            f"theirs on the next {args.workers} ports, which must be <= 65535"
+        )
     # The workers' own settings are checked here, once, not by workers that would fail
     # to start over and over.
     from_args(WorkerSettings, argparse.Namespace(config=args.config, audit_every=args.audit_every))
@@ -193,8 +219,12 @@ def main(args: argparse.Namespace) -> int:
         port = settings.metrics_port
         if port is None:
             return []
-        return ["--metrics-port", str(port + 1 + slot if port else 0),
-                "--metrics-address", settings.metrics_address]
+        return [
+            "--metrics-port",
+            str(port + 1 + slot if port else 0),
+            "--metrics-address",
+            settings.metrics_address,
+        ]
 
     # Local workers reach the producer over a Unix-domain socket: the same messages,
     # without the TCP stack (the worker link carries every batch once).
@@ -203,16 +233,19 @@ def main(args: argparse.Namespace) -> int:
 
     def started(worker_endpoint: str, consumer_endpoint: str) -> None:
         def command(slot: int) -> list[str]:
-            flags = ["--connect", local or local_endpoint(worker_endpoint), *worker_args,
-                     *metrics_args(slot)]
+            flags = [
+                "--connect",
+                local or local_endpoint(worker_endpoint),
+                *worker_args,
+                *metrics_args(slot),
+            ]
             # Each flag goes as --flag=value, so that a value beginning with "-" (a Z85
             # key may) is not taken for an option.
             return [sys.executable, "-m", "streampack.cli", "worker"] + [
                 f"{flag}={value}" for flag, value in zip(flags[::2], flags[1::2])
             ]
 
-        supervisor = Supervisor(args.workers, command, grace=args.grace,
-                                on_give_up=producer.stop)
+        supervisor = Supervisor(args.workers, command, grace=args.grace, on_give_up=producer.stop)
         holder["supervisor"] = supervisor
         supervisor.start()
 

@@ -86,8 +86,15 @@ class Worker:
         self.settings = settings
         self.limits = wire.WireLimits(max_frame_bytes=settings.max_message_bytes)
         self.stopping = False
-        self.counters = {"windows": 0, "batches": 0, "failed": 0, "rejected": 0, "refused": 0,
-                         "audited": 0, "audit_failures": 0}
+        self.counters = {
+            "windows": 0,
+            "batches": 0,
+            "failed": 0,
+            "rejected": 0,
+            "refused": 0,
+            "audited": 0,
+            "audit_failures": 0,
+        }
         self._audit_seen = 0
         self._audit_fn: Any = None
         self._audit_broken = ""
@@ -104,8 +111,13 @@ class Worker:
 
             self._audit_fn = audit
 
-    def _send(self, socket: zmq.Socket, kind: str, fields: dict[str, Any],
-              arrays: dict[str, Any] | None = None) -> None:
+    def _send(
+        self,
+        socket: zmq.Socket,
+        kind: str,
+        fields: dict[str, Any],
+        arrays: dict[str, Any] | None = None,
+    ) -> None:
         socket.send_multipart(wire.encode(kind, fields, arrays), copy=False)
 
     def _audit(self, batch: Any, examples: Examples) -> tuple[int, int, str]:
@@ -136,9 +148,14 @@ class Worker:
                 occurrences, sizes = plan_compact(examples, binding, config)
             else:
                 examples = None
-                occurrences, sizes = plan_ranges(arrays["offsets"], arrays["start"],
-                                                 arrays["stop"], arrays["source_id"],
-                                                 arrays["example_id"], config)
+                occurrences, sizes = plan_ranges(
+                    arrays["offsets"],
+                    arrays["start"],
+                    arrays["stop"],
+                    arrays["source_id"],
+                    arrays["example_id"],
+                    config,
+                )
         except StreampackError as exc:
             self.counters["failed"] += 1
             logger.warning("window %d/%d failed to pack: %s", epoch, window, exc)
@@ -151,8 +168,9 @@ class Worker:
             audited = failures = len(sizes)
             notes.append("the window came without its tokens; nothing could be audited")
         elif self.settings.audit_every and examples is not None:  # only audits need tokens
-            batches = compact_batches(examples, occurrences, sizes, binding, config.capacity,
-                                      config.policy)
+            batches = compact_batches(
+                examples, occurrences, sizes, binding, config.capacity, config.policy
+            )
             for index, batch in enumerate(batches):
                 a, f, note = self._audit(batch, examples)
                 audited += a
@@ -183,8 +201,11 @@ class Worker:
 
     def _beat_if_due(self, socket: zmq.Socket) -> None:
         if time.monotonic() >= self._next_beat:
-            self._send(socket, "heartbeat", {"free": self.settings.prefetch,
-                                             "needs_tokens": self.needs_tokens})
+            self._send(
+                socket,
+                "heartbeat",
+                {"free": self.settings.prefetch, "needs_tokens": self.needs_tokens},
+            )
             self._next_beat = time.monotonic() + self.settings.heartbeat_interval
 
     def run(self) -> int:
@@ -195,16 +216,18 @@ class Worker:
         if self.metrics is not None:
             from streampack.service.metrics import MetricsServer
 
-            metrics_server = MetricsServer(self.metrics.registry, self.settings.metrics_port,
-                                           self.settings.metrics_address)
+            metrics_server = MetricsServer(
+                self.metrics.registry, self.settings.metrics_port, self.settings.metrics_address
+            )
         context = zmq.Context()
         socket = context.socket(zmq.DEALER)
         wire.configure_socket(socket, self.settings.max_message_bytes)
         if self.settings.curve_server_key:
             wire.curve_client(socket, self.settings.curve_server_key)
         wire.attach(socket, self.settings.connect, field="connect", bind=False)
-        self._send(socket, "ready", {"credit": self.settings.prefetch,
-                                     "needs_tokens": self.needs_tokens})
+        self._send(
+            socket, "ready", {"credit": self.settings.prefetch, "needs_tokens": self.needs_tokens}
+        )
         self._next_beat = time.monotonic() + self.settings.heartbeat_interval
         try:
             while not self.stopping:
@@ -217,8 +240,10 @@ class Worker:
                             # The producer refused something this worker sent. Answering
                             # an error with an error would never end: log it, go on.
                             self.counters["refused"] += 1
-                            logger.warning("the producer refused a message: %r",
-                                           message.fields["message"][:500])
+                            logger.warning(
+                                "the producer refused a message: %r",
+                                message.fields["message"][:500],
+                            )
                             continue
                         if message.kind != "window":
                             raise wire.ProtocolError(

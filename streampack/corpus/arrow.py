@@ -27,8 +27,9 @@ def import_pyarrow(what: str) -> Any:
     try:
         import pyarrow
     except ImportError:
-        raise InvalidConfig(f"reading {what} needs pyarrow; install it with: "
-                            f"pip install 'streampack[data]'") from None
+        raise InvalidConfig(
+            f"reading {what} needs pyarrow; install it with: pip install 'streampack[data]'"
+        ) from None
     return pyarrow
 
 
@@ -60,13 +61,15 @@ def arrow_files(path: Path) -> list[Path]:
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidConfig(
             f"datasets state file {str(state_path)!r} does not list its data files "
-            f"(expected {{\"_data_files\": [{{\"filename\": ...}}]}}): {exc!r}"
+            f'(expected {{"_data_files": [{{"filename": ...}}]}}): {exc!r}'
         ) from None
     files = []
     for name in names:
         if not isinstance(name, str) or Path(name).name != name:
-            raise InvalidConfig(f"{str(state_path)!r} lists data file {name!r}; expected a "
-                                f"file name inside {str(path)!r}")
+            raise InvalidConfig(
+                f"{str(state_path)!r} lists data file {name!r}; expected a "
+                f"file name inside {str(path)!r}"
+            )
         files.append(regular_file(path / name, "Arrow file"))
     if not files:
         raise InvalidConfig(f"{str(state_path)!r} lists no data files: the dataset is empty")
@@ -84,8 +87,9 @@ def _batches(pa: Any, path: Path) -> list[Any]:
             source.seek(0)
             return list(pa.ipc.open_stream(source))  # what save_to_disk writes
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InvalidConfig(f"Arrow file {str(path)!r} is corrupt or truncated, or not an "
-                            f"Arrow IPC file: {exc}") from None
+        raise InvalidConfig(
+            f"Arrow file {str(path)!r} is corrupt or truncated, or not an Arrow IPC file: {exc}"
+        ) from None
 
 
 def open_arrow_file(path: Path, column: str, label: str) -> list[Part]:
@@ -95,13 +99,17 @@ def open_arrow_file(path: Path, column: str, label: str) -> list[Part]:
     parts = []
     for number, batch in enumerate(_batches(pa, path)):
         if column not in batch.schema.names:
-            raise InvalidConfig(f"{where} has no column {column!r}; its columns are "
-                                f"{batch.schema.names} (set \"column\" in the manifest)")
+            raise InvalidConfig(
+                f"{where} has no column {column!r}; its columns are "
+                f'{batch.schema.names} (set "column" in the manifest)'
+            )
         lists = batch.column(column)
         token_list_type(pa, lists.type, column, where)
         if lists.values.null_count:
-            raise InvalidConfig(f"{where}: column {column!r} holds {lists.values.null_count} "
-                                f"null token(s); every token must be an integer")
+            raise InvalidConfig(
+                f"{where}: column {column!r} holds {lists.values.null_count} "
+                f"null token(s); every token must be an integer"
+            )
         offsets = lists.offsets.to_numpy(zero_copy_only=True)
         tokens = lists.values.to_numpy(zero_copy_only=True)
         check_offsets(offsets, len(tokens), f"{where} record batch {number}", from_zero=False)
@@ -113,8 +121,9 @@ class ArrowSource(OffsetsReader):
     """Arrow IPC files (``save_to_disk`` directories or single files) in manifest order;
     ``location`` reads ``NAME@BATCH#ROW``."""
 
-    def __init__(self, paths: list[Path], names: list[str], column: str,
-                 binding: BindingSpec) -> None:
+    def __init__(
+        self, paths: list[Path], names: list[str], column: str, binding: BindingSpec
+    ) -> None:
         parts: list[Part] = []
         for path, name in zip(paths, names, strict=True):
             for file in arrow_files(path):

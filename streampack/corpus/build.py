@@ -60,14 +60,17 @@ def _load_tokenizer(path: Path) -> Any:
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise InvalidConfig("corpus build needs the tokenizers library; install it with: "
-                            "pip install 'streampack[data]'") from None
+        raise InvalidConfig(
+            "corpus build needs the tokenizers library; install it with: "
+            "pip install 'streampack[data]'"
+        ) from None
     regular_file(path, "tokenizer file")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception for a bad file
-        raise InvalidConfig(f"tokenizer file {str(path)!r} is not a Hugging Face "
-                            f"tokenizer.json: {exc}") from None
+        raise InvalidConfig(
+            f"tokenizer file {str(path)!r} is not a Hugging Face tokenizer.json: {exc}"
+        ) from None
 
 
 def _jsonl_texts(path: Path, column: str, report: BuildReport) -> Iterator[str]:
@@ -80,10 +83,13 @@ def _jsonl_texts(path: Path, column: str, report: BuildReport) -> Iterator[str]:
             if not isinstance(text, str):
                 report.skipped += 1
                 if report.skipped <= _WARNINGS:
-                    logger.warning("%s:%d: no string %r field; line skipped%s", path.name,
-                                   number, column,
-                                   " (further skips are only counted)"
-                                   if report.skipped == _WARNINGS else "")
+                    logger.warning(
+                        "%s:%d: no string %r field; line skipped%s",
+                        path.name,
+                        number,
+                        column,
+                        " (further skips are only counted)" if report.skipped == _WARNINGS else "",
+                    )
                 continue
             yield text
 
@@ -97,16 +103,20 @@ def _parquet_texts(path: Path, column: str, report: BuildReport) -> Iterator[str
     try:
         handle = pq.ParquetFile(str(path))
     except (pa.ArrowException, OSError) as exc:
-        raise InvalidConfig(f"Parquet file {str(path)!r} is corrupt or not Parquet: {exc}") \
-            from None
+        raise InvalidConfig(
+            f"Parquet file {str(path)!r} is corrupt or not Parquet: {exc}"
+        ) from None
     names = handle.schema_arrow.names
     if column not in names:
-        raise InvalidConfig(f"Parquet file {str(path)!r} has no column {column!r}; its columns "
-                            f"are {names} (give --text-column)")
+        raise InvalidConfig(
+            f"Parquet file {str(path)!r} has no column {column!r}; its columns "
+            f"are {names} (give --text-column)"
+        )
     kind = handle.schema_arrow.field(column).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise InvalidConfig(f"Parquet file {str(path)!r}: column {column!r} has type {kind}; "
-                            f"expected text (string)")
+        raise InvalidConfig(
+            f"Parquet file {str(path)!r}: column {column!r} has type {kind}; expected text (string)"
+        )
     for batch in handle.iter_batches(batch_size=_BATCH, columns=[column]):
         for text in batch.column(0).to_pylist():
             if text is None:
@@ -126,10 +136,18 @@ def _batched(texts: Iterator[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def build_corpus(source: Path, tokenizer_path: Path, out: Path, *, text_column: str = "text",
-                 eos: str | None = None, shard_tokens: int = 1 << 26,
-                 partition: str = "train", split_receipt: str | None = None,
-                 progress: Any = None) -> BuildReport:
+def build_corpus(
+    source: Path,
+    tokenizer_path: Path,
+    out: Path,
+    *,
+    text_column: str = "text",
+    eos: str | None = None,
+    shard_tokens: int = 1 << 26,
+    partition: str = "train",
+    split_receipt: str | None = None,
+    progress: Any = None,
+) -> BuildReport:
     """Tokenize ``source`` (``.jsonl`` or ``.parquet``) into token shards and a manifest
     in ``out`` (created; refused when it already holds a manifest). ``progress``, when
     given, is a :class:`streampack.progress.Progress` updated per batch."""
@@ -147,8 +165,9 @@ def build_corpus(source: Path, tokenizer_path: Path, out: Path, *, text_column: 
         if eos_id is None:
             raise InvalidConfig(f"--eos {eos!r} is not a token of {str(tokenizer_path)!r}")
     if (out / "manifest.json").exists():
-        raise InvalidConfig(f"--out {str(out)!r} already holds a corpus (manifest.json); "
-                            f"choose a new directory")
+        raise InvalidConfig(
+            f"--out {str(out)!r} already holds a corpus (manifest.json); choose a new directory"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -172,8 +191,9 @@ def build_corpus(source: Path, tokenizer_path: Path, out: Path, *, text_column: 
         name = f"shard-{len(names):05d}"
         lengths = [len(ids) for ids in pending]
         np.save(out / f"{name}.tokens.npy", np.concatenate(pending).astype(dtype))
-        np.save(out / f"{name}.offsets.npy",
-                np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        np.save(
+            out / f"{name}.offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        )
         names.append(name)
         pending, pending_tokens = [], 0
 
@@ -191,10 +211,15 @@ def build_corpus(source: Path, tokenizer_path: Path, out: Path, *, text_column: 
     if pending:
         flush()
     if not names:
-        raise InvalidConfig(f"{str(source)!r} holds no text under {text_column!r}: "
-                            f"nothing to build")
+        raise InvalidConfig(
+            f"{str(source)!r} holds no text under {text_column!r}: nothing to build"
+        )
     report.shards = len(names)
-    manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
-                "binding": report.binding, "shards": names}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "binding": report.binding,
+        "shards": names,
+    }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return report

@@ -49,8 +49,10 @@ class CorpusReport:
             f"next-fit    capacity {self.capacity}: {self.rows} rows, fill {self.fill:.4f}",
         ]
         if self.quarantined:
-            lines.append("problems    " + ", ".join(
-                f"{n} {reason}" for reason, n in sorted(self.quarantined.items())))
+            lines.append(
+                "problems    "
+                + ", ".join(f"{n} {reason}" for reason, n in sorted(self.quarantined.items()))
+            )
             lines += [f"  {e['location']}: {e['reason']}: {e['detail']}" for e in self.examples]
         else:
             lines.append("problems    none")
@@ -67,8 +69,9 @@ def _next_fit_rows(pairs: np.ndarray, capacity: int) -> int:
     return rows
 
 
-def inspect_corpus(path: str | Path, *, capacity: int = 2048, allow_outside: bool = False,
-                   examples: int = 5) -> CorpusReport:
+def inspect_corpus(
+    path: str | Path, *, capacity: int = 2048, allow_outside: bool = False, examples: int = 5
+) -> CorpusReport:
     """Read the whole corpus once (one window of tokens at a time) and report."""
     source = open_corpus(path, allow_outside=allow_outside)
     spec = CutSpec(capacity=capacity, window_documents=1 << 16, window_tokens=1 << 22)
@@ -89,9 +92,14 @@ def inspect_corpus(path: str | Path, *, capacity: int = 2048, allow_outside: boo
     pairs = np.concatenate(spans) - 1 if spans else np.zeros(0, np.int64)
     rows = _next_fit_rows(pairs, capacity)
     names = ("min", "p50", "p90", "p99", "max")
-    quantiles = ({n: int(v) for n, v in zip(names, np.quantile(all_lengths, QUANTILES,
-                                                               method="lower"), strict=True)}
-                 if len(all_lengths) else {n: 0 for n in names})
+    quantiles = (
+        {
+            n: int(v)
+            for n, v in zip(names, np.quantile(all_lengths, QUANTILES, method="lower"), strict=True)
+        }
+        if len(all_lengths)
+        else {n: 0 for n in names}
+    )
     return CorpusReport(
         path=str(path),
         reader=type(source).__name__,

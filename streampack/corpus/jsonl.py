@@ -29,8 +29,10 @@ class JsonlSource:
         self.paths = [regular_file(path, "JSON Lines file") for path in paths]
         for path in self.paths:
             if path.stat().st_size == 0:
-                raise InvalidConfig(f"JSON Lines file {str(path)!r} is empty (0 bytes); "
-                                    f"expected one document per line")
+                raise InvalidConfig(
+                    f"JSON Lines file {str(path)!r} is empty (0 bytes); "
+                    f"expected one document per line"
+                )
         self.num_documents: int | None = None
 
     def records(self) -> Iterator[Record]:
@@ -70,8 +72,10 @@ def parse_line(line: bytes, source_id: int, location: str) -> Record:
     except OverflowError:
         return bad("out_of_vocabulary", "a token does not fit in 64 bits")
     example_id = data.get("id", source_id)
-    if isinstance(example_id, bool) or not isinstance(example_id, int) or not (
-        -(2**63) <= example_id < 2**63
+    if (
+        isinstance(example_id, bool)
+        or not isinstance(example_id, int)
+        or not (-(2**63) <= example_id < 2**63)
     ):
         return bad("malformed", f"id {example_id!r} must be a 64-bit integer")
     start = data.get("start", 0)

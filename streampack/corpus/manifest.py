@@ -35,13 +35,16 @@ def read_manifest(path: Path) -> tuple[Path, dict[str, Any]]:
     try:
         text = regular_file(path, "corpus manifest").read_bytes().decode("utf-8")
     except InvalidConfig as exc:
-        raise InvalidConfig(f"{exc}; give a manifest JSON file or a directory holding "
-                            f"manifest.json") from None
+        raise InvalidConfig(
+            f"{exc}; give a manifest JSON file or a directory holding manifest.json"
+        ) from None
     except OSError as exc:
         raise InvalidConfig(f"cannot read corpus manifest {str(path)!r}: {exc}") from exc
     except UnicodeDecodeError as exc:
-        raise InvalidConfig(f"corpus manifest {str(path)!r} is not UTF-8 text "
-                            f"(byte {exc.start}); expected a UTF-8 JSON file") from None
+        raise InvalidConfig(
+            f"corpus manifest {str(path)!r} is not UTF-8 text "
+            f"(byte {exc.start}); expected a UTF-8 JSON file"
+        ) from None
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -82,8 +85,9 @@ def binding_spec(data: dict[str, Any], where: str) -> BindingSpec:
     )
 
 
-def _open_shards(root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec,
-                 allow_outside: bool) -> Reader:
+def _open_shards(
+    root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec, allow_outside: bool
+) -> Reader:
     from streampack.corpus.shards import TokenShardSource
 
     for name in names:
@@ -92,12 +96,14 @@ def _open_shards(root: Path, names: list[str], entry: dict[str, Any], binding: B
     return TokenShardSource(root, names, binding)
 
 
-def _open_jsonl(root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec,
-                allow_outside: bool) -> Reader:
+def _open_jsonl(
+    root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec, allow_outside: bool
+) -> Reader:
     from streampack.corpus.jsonl import JsonlSource
 
-    return JsonlSource([inside(root, n, "JSON Lines file", allow_outside=allow_outside)
-                        for n in names], binding)
+    return JsonlSource(
+        [inside(root, n, "JSON Lines file", allow_outside=allow_outside) for n in names], binding
+    )
 
 
 def _column(entry: dict[str, Any]) -> str:
@@ -109,24 +115,34 @@ def _column(entry: dict[str, Any]) -> str:
     return column
 
 
-def _open_parquet(root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec,
-                  allow_outside: bool) -> Reader:
+def _open_parquet(
+    root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec, allow_outside: bool
+) -> Reader:
     from streampack.corpus.parquet import ParquetSource
 
-    return ParquetSource([inside(root, n, "Parquet file", allow_outside=allow_outside)
-                          for n in names], _column(entry), binding)
+    return ParquetSource(
+        [inside(root, n, "Parquet file", allow_outside=allow_outside) for n in names],
+        _column(entry),
+        binding,
+    )
 
 
-def _open_arrow(root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec,
-                allow_outside: bool) -> Reader:
+def _open_arrow(
+    root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec, allow_outside: bool
+) -> Reader:
     from streampack.corpus.arrow import ArrowSource
 
-    return ArrowSource([inside(root, n, "Arrow data", allow_outside=allow_outside)
-                        for n in names], names, _column(entry), binding)
+    return ArrowSource(
+        [inside(root, n, "Arrow data", allow_outside=allow_outside) for n in names],
+        names,
+        _column(entry),
+        binding,
+    )
 
 
-def _open_megatron(root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec,
-                   allow_outside: bool) -> Reader:
+def _open_megatron(
+    root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec, allow_outside: bool
+) -> Reader:
     from streampack.corpus.megatron import MegatronSource
 
     for name in names:
@@ -145,8 +161,14 @@ FORMATS: dict[str, Callable[..., Reader]] = {
 }
 
 
-def open_source(root: Path, entry: dict[str, Any], binding: BindingSpec, where: str, *,
-                allow_outside: bool = False) -> Reader:
+def open_source(
+    root: Path,
+    entry: dict[str, Any],
+    binding: BindingSpec,
+    where: str,
+    *,
+    allow_outside: bool = False,
+) -> Reader:
     """The reader for one source entry: a dict holding exactly one format key of
     :data:`FORMATS` (its list of file names, relative to ``root``) and that format's
     options. Other keys of ``entry`` are the caller's (a manifest's ``format``, ...)."""
@@ -159,8 +181,9 @@ def open_source(root: Path, entry: dict[str, Any], binding: BindingSpec, where: 
     kind = present[0]
     names = entry[kind]
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise InvalidConfig(f"{where}: {kind!r} must be a non-empty list of file names, "
-                            f"got {names!r}")
+        raise InvalidConfig(
+            f"{where}: {kind!r} must be a non-empty list of file names, got {names!r}"
+        )
     return FORMATS[kind](root, names, entry, binding, allow_outside)
 
 

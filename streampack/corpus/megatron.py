@@ -33,8 +33,16 @@ from streampack.errors import InvalidConfig
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
-DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
-          7: np.float32, 8: np.uint16}
+DTYPES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, document indices
 _CHUNK = 1 << 20
 
@@ -43,8 +51,9 @@ class _DocumentOffsets:
     """Token offsets of documents, computed from the memory-mapped pointers on each
     access: document ``d`` starts at token ``pointers[idx[d]] // itemsize``."""
 
-    def __init__(self, pointers: np.ndarray, documents: np.ndarray, itemsize: int,
-                 total: int) -> None:
+    def __init__(
+        self, pointers: np.ndarray, documents: np.ndarray, itemsize: int, total: int
+    ) -> None:
         self._pointers = pointers
         self._documents = documents
         self._itemsize = itemsize
@@ -72,8 +81,9 @@ def _check_pointers(lengths: np.ndarray, pointers: np.ndarray, itemsize: int, wh
         pointer = np.asarray(pointers[lo : lo + _CHUNK])
         if (size < 0).any():
             at = lo + int(np.flatnonzero(size < 0)[0])
-            raise InvalidConfig(f"{where}: sequence {at} has length {int(size[at - lo])}; "
-                                f"lengths must be >= 0")
+            raise InvalidConfig(
+                f"{where}: sequence {at} has length {int(size[at - lo])}; lengths must be >= 0"
+            )
         expected = end + np.concatenate([[0], np.cumsum(size[:-1] * itemsize)])
         if (pointer != expected).any():
             at = int(np.flatnonzero(pointer != expected)[0])
@@ -95,21 +105,28 @@ def open_megatron(prefix: Path, name: str) -> Part:
     with open(idx_path, "rb") as handle:
         head = handle.read(_HEADER.size)
     if len(head) < _HEADER.size:
-        raise InvalidConfig(f"{where} is truncated: {size} bytes, shorter than the "
-                            f"{_HEADER.size}-byte header")
+        raise InvalidConfig(
+            f"{where} is truncated: {size} bytes, shorter than the {_HEADER.size}-byte header"
+        )
     magic, version, code, sequences, document_count = _HEADER.unpack(head)
     if magic != MAGIC:
-        raise InvalidConfig(f"{where} starts with {magic!r}; expected the magic {MAGIC!r} "
-                            f"of a Megatron indexed dataset")
+        raise InvalidConfig(
+            f"{where} starts with {magic!r}; expected the magic {MAGIC!r} "
+            f"of a Megatron indexed dataset"
+        )
     if version != VERSION:
         raise InvalidConfig(f"{where} has version {version}; expected {VERSION}")
     if code not in DTYPES:
-        raise InvalidConfig(f"{where} has dtype code {code}; expected one of "
-                            f"{sorted(DTYPES)} ({', '.join(d.__name__ for d in DTYPES.values())})")
+        raise InvalidConfig(
+            f"{where} has dtype code {code}; expected one of "
+            f"{sorted(DTYPES)} ({', '.join(d.__name__ for d in DTYPES.values())})"
+        )
     dtype = np.dtype(DTYPES[code])
     if dtype.kind not in "iu":
-        raise InvalidConfig(f"{where} holds {dtype} tokens (dtype code {code}); tokens must "
-                            f"be integers (codes 1-5 and 8)")
+        raise InvalidConfig(
+            f"{where} holds {dtype} tokens (dtype code {code}); tokens must "
+            f"be integers (codes 1-5 and 8)"
+        )
     needed = _HEADER.size + 4 * sequences + 8 * sequences + 8 * document_count
     if size not in (needed, needed + sequences):  # + one mode byte per sequence
         raise InvalidConfig(
@@ -120,11 +137,17 @@ def open_megatron(prefix: Path, name: str) -> Part:
     if document_count < 1:
         raise InvalidConfig(f"{where}: the document index is empty; expected at least [0]")
     offset = _HEADER.size
-    lengths = np.memmap(idx_path, np.int32, "r", offset, (sequences,)) if sequences else \
-        np.zeros(0, np.int32)
+    lengths = (
+        np.memmap(idx_path, np.int32, "r", offset, (sequences,))
+        if sequences
+        else np.zeros(0, np.int32)
+    )
     offset += 4 * sequences
-    pointers = np.memmap(idx_path, np.int64, "r", offset, (sequences,)) if sequences else \
-        np.zeros(0, np.int64)
+    pointers = (
+        np.memmap(idx_path, np.int64, "r", offset, (sequences,))
+        if sequences
+        else np.zeros(0, np.int64)
+    )
     offset += 8 * sequences
     documents = np.memmap(idx_path, np.int64, "r", offset, (document_count,))
     check_offsets(documents, sequences, f"{where}: document indices")
@@ -143,5 +166,8 @@ class MegatronSource(OffsetsReader):
     """Megatron indexed datasets (``PREFIX.bin`` + ``PREFIX.idx``) in manifest order."""
 
     def __init__(self, prefixes: list[Path], names: list[str], binding: BindingSpec) -> None:
-        super().__init__([open_megatron(p, n) for p, n in zip(prefixes, names, strict=True)],
-                         binding, f"Megatron datasets {names}")
+        super().__init__(
+            [open_megatron(p, n) for p, n in zip(prefixes, names, strict=True)],
+            binding,
+            f"Megatron datasets {names}",
+        )

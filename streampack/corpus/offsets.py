@@ -40,11 +40,12 @@ def check_offsets(offsets: Any, num_tokens: int, where: str, *, from_zero: bool 
         raise InvalidConfig(f"{where}: offsets are empty; expected at least [0]")
     first, last = int(offsets[0]), int(offsets[len(offsets) - 1])
     if (from_zero and (first != 0 or last != num_tokens)) or not 0 <= first <= last <= num_tokens:
-        expected = (f"start at 0 and end at the token count {num_tokens}" if from_zero
-                    else f"lie within 0..{num_tokens}")
-        raise InvalidConfig(
-            f"{where}: offsets run from {first} to {last}; they must {expected}"
+        expected = (
+            f"start at 0 and end at the token count {num_tokens}"
+            if from_zero
+            else f"lie within 0..{num_tokens}"
         )
+        raise InvalidConfig(f"{where}: offsets run from {first} to {last}; they must {expected}")
     for lo in range(0, len(offsets) - 1, _CHUNK):
         chunk = np.asarray(offsets[lo : lo + _CHUNK + 1])
         steps = np.diff(chunk)
@@ -91,8 +92,12 @@ class OffsetsReader:
         part = self._locate(ids)
         for s in self._parts_of(part):
             offsets = self._offsets[s]
-            if len(ids) > 1 and part[0] == part[-1] and ids[-1] - ids[0] == len(ids) - 1 \
-                    and (np.diff(ids) == 1).all():
+            if (
+                len(ids) > 1
+                and part[0] == part[-1]
+                and ids[-1] - ids[0] == len(ids) - 1
+                and (np.diff(ids) == 1).all()
+            ):
                 # A run of consecutive documents (no shuffle): one slice of the offsets.
                 lo = int(ids[0] - self._first[s])
                 out[:] = np.diff(np.asarray(offsets[lo : lo + len(ids) + 1]))
@@ -122,8 +127,13 @@ class OffsetsReader:
         involved = self._parts_of(part)
         wide = any(self._tokens[s].dtype not in _NARROW for s in involved)
         dtype_ok = np.ones(len(ids), dtype=bool)
-        if total and len(involved) == 1 and self._dtype_ok[int(involved[0])] \
-                and ids[-1] - ids[0] == len(ids) - 1 and np.all(np.diff(ids) == 1):
+        if (
+            total
+            and len(involved) == 1
+            and self._dtype_ok[int(involved[0])]
+            and ids[-1] - ids[0] == len(ids) - 1
+            and np.all(np.diff(ids) == 1)
+        ):
             # Contiguous run in one part: one slice of the memory map, not copied here.
             s = int(involved[0])
             lo = int(self._offsets[s][int(ids[0] - self._first[s])])
@@ -131,15 +141,20 @@ class OffsetsReader:
         tokens = np.empty(total, dtype=np.int64 if wide else np.int32)
         if total == 0:
             return tokens, dtype_ok
-        if all(self._dtype_ok[s] for s in involved) and ids[-1] - ids[0] == len(ids) - 1 \
-                and np.all(np.diff(ids) == 1):
+        if (
+            all(self._dtype_ok[s] for s in involved)
+            and ids[-1] - ids[0] == len(ids) - 1
+            and np.all(np.diff(ids) == 1)
+        ):
             # A run across parts (corpus order, Arrow's many record batches): one slice
             # of each part, copied in place.
             at = 0
             for s in involved:
                 local = ids[part == s] - self._first[s]
-                lo, hi = int(self._offsets[s][int(local[0])]), \
-                    int(self._offsets[s][int(local[-1]) + 1])
+                lo, hi = (
+                    int(self._offsets[s][int(local[0])]),
+                    int(self._offsets[s][int(local[-1]) + 1]),
+                )
                 tokens[at : at + hi - lo] = self._tokens[s][lo:hi]
                 at += hi - lo
             return tokens, dtype_ok

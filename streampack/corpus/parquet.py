@@ -25,8 +25,9 @@ def _open(pq: Any, pa: Any, path: Path) -> Any:
     try:
         return pq.ParquetFile(str(path), memory_map=True)
     except (pa.ArrowException, OSError) as exc:
-        raise InvalidConfig(f"Parquet file {str(path)!r} is corrupt or truncated, or not a "
-                            f"Parquet file: {exc}") from None
+        raise InvalidConfig(
+            f"Parquet file {str(path)!r} is corrupt or truncated, or not a Parquet file: {exc}"
+        ) from None
 
 
 class ParquetSource:
@@ -45,8 +46,10 @@ class ParquetSource:
         for path in self.paths:
             schema = _open(pq, pa, path).schema_arrow
             if column not in schema.names:
-                raise InvalidConfig(f"Parquet file {str(path)!r} has no column {column!r}; its "
-                                    f"columns are {schema.names} (set \"column\" in the manifest)")
+                raise InvalidConfig(
+                    f"Parquet file {str(path)!r} has no column {column!r}; its "
+                    f'columns are {schema.names} (set "column" in the manifest)'
+                )
             token_list_type(pa, schema.field(column).type, column, f"Parquet file {str(path)!r}")
             total += _open(pq, pa, path).metadata.num_rows
         if total == 0:
@@ -65,8 +68,10 @@ class ParquetSource:
                     lists = handle.read_row_group(group, columns=[self.column]).column(0)
                     lists = lists.combine_chunks() if lists.num_chunks != 1 else lists.chunk(0)
                 except (pa.ArrowException, OSError) as exc:
-                    raise InvalidConfig(f"Parquet file {str(path)!r}: row group {group} cannot "
-                                        f"be read (corrupt or truncated): {exc}") from None
+                    raise InvalidConfig(
+                        f"Parquet file {str(path)!r}: row group {group} cannot "
+                        f"be read (corrupt or truncated): {exc}"
+                    ) from None
                 offsets = lists.offsets.to_numpy()
                 values = lists.values
                 valid_token = values.is_valid().to_numpy(zero_copy_only=False)
@@ -77,9 +82,18 @@ class ParquetSource:
                     lo, hi = int(offsets[row]), int(offsets[row + 1])
                     if not row_valid[row] or not valid_token[lo:hi].all():
                         what = "the row is null" if not row_valid[row] else "a token is null"
-                        yield Record(source_id, None, 0, 0, source_id, "malformed",
-                                     f"{what}; expected a list of integer tokens", location)
+                        yield Record(
+                            source_id,
+                            None,
+                            0,
+                            0,
+                            source_id,
+                            "malformed",
+                            f"{what}; expected a list of integer tokens",
+                            location,
+                        )
                     else:
-                        yield Record(source_id, tokens[lo:hi], 0, hi - lo, source_id, None, "",
-                                     location)
+                        yield Record(
+                            source_id, tokens[lo:hi], 0, hi - lo, source_id, None, "", location
+                        )
                     source_id += 1

@@ -26,8 +26,9 @@ def _load(path: Path, what: str) -> np.ndarray:
     except (OSError, ValueError, EOFError) as exc:
         size = path.stat().st_size
         problem = "is empty (0 bytes)" if size == 0 else f"is not a readable .npy file ({exc})"
-        raise InvalidConfig(f"{what} {str(path)!r} {problem}; expected a NumPy array "
-                            f"written by numpy.save") from exc
+        raise InvalidConfig(
+            f"{what} {str(path)!r} {problem}; expected a NumPy array written by numpy.save"
+        ) from exc
 
 
 def open_shard(root: Path, name: str) -> Part:
@@ -51,5 +52,6 @@ class TokenShardSource(OffsetsReader):
     uint32 is read, and its documents quarantined as ``wrong_dtype``)."""
 
     def __init__(self, root: Path, names: list[str], binding: BindingSpec) -> None:
-        super().__init__([open_shard(root, name) for name in names], binding,
-                         f"token shards in {str(root)!r}")
+        super().__init__(
+            [open_shard(root, name) for name in names], binding, f"token shards in {str(root)!r}"
+        )

@@ -329,7 +329,21 @@ def range_attention_backward(
         plan_kernels.key_query_end(starts, valid, key_end)
         plan = plan_kernels.plan_backward(starts, valid, heads, tile_q, numba.get_num_threads())
         cpu.backward(  # type: ignore[call-arg]  # (as cpu.forward above)
-            qf, kf, vf, of, lse_host, gf, starts, valid, key_end, dtype.type(scale_value),
-            tile_q, tile_k, *plan, dq, dk, dv,
+            qf,
+            kf,
+            vf,
+            of,
+            lse_host,
+            gf,
+            starts,
+            valid,
+            key_end,
+            dtype.type(scale_value),
+            tile_q,
+            tile_k,
+            *plan,
+            dq,
+            dk,
+            dv,
         )
     return dq.reshape(shape), dk.reshape(shape), dv.reshape(shape)

@@ -163,8 +163,21 @@ def _scores_softmax(k, k_row0, nk, qt, ld, nq, dim, st, stats):  # pragma: no co
         rows = min(MICRO_ROWS, nk - j0)
         for c0 in range(0, n_cols, step):
             softmax_tile(
-                rows, st, j0 * ld + c0, ld, k, (k_row0 + j0) * dim, dim, 1, qt, c0, ld, dim,
-                stats, c0, ld,
+                rows,
+                st,
+                j0 * ld + c0,
+                ld,
+                k,
+                (k_row0 + j0) * dim,
+                dim,
+                1,
+                qt,
+                c0,
+                ld,
+                dim,
+                stats,
+                c0,
+                ld,
             )
 
 
@@ -580,4 +593,3 @@ def backward(
                         dk[base + c + x, d] = dk_acc[x, d]
                         dv[base + c + x, d] = dv_acc[x, d]
                 c = e
-

@@ -289,9 +289,7 @@ def signatures(dtype_name: str) -> dict[str, tuple]:
 
 @cache
 def _kernels(dtype_name: str, dim: int, tile_q: int, tile_k: int) -> dict[str, Any]:
-    return {
-        name: cuda.jit(fn) for name, fn in _sources(dtype_name, dim, tile_q, tile_k).items()
-    }
+    return {name: cuda.jit(fn) for name, fn in _sources(dtype_name, dim, tile_q, tile_k).items()}
 
 
 def compile_ptx(
@@ -340,7 +338,12 @@ def _shape_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype]:
 
 
 def forward(
-    q: Any, k: Any, v: Any, starts: np.ndarray, valid: np.ndarray, scale: float,
+    q: Any,
+    k: Any,
+    v: Any,
+    starts: np.ndarray,
+    valid: np.ndarray,
+    scale: float,
     tiles: tuple[int, int] | None = None,
 ) -> tuple[Any, Any]:
     """Launch the forward kernel; returns device arrays ``(out, lse)``."""
@@ -354,16 +357,29 @@ def forward(
     kern = _kernels(dtype.name, dim, tile_q, tile_k)["forward"]
     grid = (rows * heads, (capacity + tile_q - 1) // tile_q)
     kern[grid, tile_q](
-        _device_2d("q", q, n, dim), _device_2d("k", k, n, dim), _device_2d("v", v, n, dim),
-        cuda.to_device(starts), cuda.to_device(valid), heads, dtype.type(scale),
-        out.reshape(n, dim), lse.reshape(rows * heads, capacity),
+        _device_2d("q", q, n, dim),
+        _device_2d("k", k, n, dim),
+        _device_2d("v", v, n, dim),
+        cuda.to_device(starts),
+        cuda.to_device(valid),
+        heads,
+        dtype.type(scale),
+        out.reshape(n, dim),
+        lse.reshape(rows * heads, capacity),
     )
     return out, lse
 
 
 def backward(
-    q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any,
-    starts: np.ndarray, valid: np.ndarray, scale: float,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    d_out: Any,
+    starts: np.ndarray,
+    valid: np.ndarray,
+    scale: float,
     tiles: tuple[int, int] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Launch the dq kernel then the dk/dv kernel; returns device arrays ``(dq, dk, dv)``."""
@@ -387,12 +403,33 @@ def backward(
     typed_scale = dtype.type(scale)
     grid_q = (rows * heads, (capacity + tile_q - 1) // tile_q)
     kernels["dq"][grid_q, tile_q](
-        d_q, d_k, d_v, d_o, d_lse, d_g, d_starts, d_valid, heads, typed_scale,
-        dq.reshape(n, dim), delta,
+        d_q,
+        d_k,
+        d_v,
+        d_o,
+        d_lse,
+        d_g,
+        d_starts,
+        d_valid,
+        heads,
+        typed_scale,
+        dq.reshape(n, dim),
+        delta,
     )
     grid_k = (rows * heads, (capacity + tile_k - 1) // tile_k)
     kernels["dkdv"][grid_k, tile_k](
-        d_q, d_k, d_v, d_lse, d_g, delta, d_starts, d_valid, cuda.to_device(key_end),
-        heads, typed_scale, dk.reshape(n, dim), dv.reshape(n, dim),
+        d_q,
+        d_k,
+        d_v,
+        d_lse,
+        d_g,
+        delta,
+        d_starts,
+        d_valid,
+        cuda.to_device(key_end),
+        heads,
+        typed_scale,
+        dk.reshape(n, dim),
+        dv.reshape(n, dim),
     )
     return dq, dk, dv

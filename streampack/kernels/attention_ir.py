@@ -113,9 +113,7 @@ def _emit_product(context, builder, signature, args, rows, vectors, vector, accu
 
     tiles = [(i, j * width) for i in range(rows) for j in range(vectors)]
     zero = ir.Constant(v_ty, None)
-    start = [
-        builder.load(c_slot(i, j), align=align) if accumulate else zero for i, j in tiles
-    ]
+    start = [builder.load(c_slot(i, j), align=align) if accumulate else zero for i, j in tiles]
     entry = builder.block
     loop = builder.append_basic_block("micro.loop")
     done = builder.append_basic_block("micro.done")
@@ -137,9 +135,7 @@ def _emit_product(context, builder, signature, args, rows, vectors, vector, accu
     a_col = builder.add(a_off, builder.mul(kk, sa_k))
     new = []
     for i in range(rows):
-        scalar = builder.load(
-            builder.gep(a_ptr, [builder.add(a_col, builder.mul(sa_i, const(i)))])
-        )
+        scalar = builder.load(builder.gep(a_ptr, [builder.add(a_col, builder.mul(sa_i, const(i)))]))
         if width > 1:
             lane = builder.insert_element(
                 ir.Constant(v_ty, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0)
@@ -303,6 +299,8 @@ def _emit_shifted_exp(context, builder, signature, args, values, rows, vectors, 
 _score1, _score2, _score3, _score4, _score5, _score6 = (
     _micro_kernel(rows, 2, True, False) for rows in range(1, MICRO_ROWS + 1)
 )
+
+
 @intrinsic
 def _transpose_tile(typingctx, dst, dst_off, ldd, src, src_off, lds, scale):  # pragma: no cover
     """``dst[dst_off + c * ldd + r] = scale * src[src_off + r * lds + c]`` for ``r, c < w``
@@ -489,9 +487,7 @@ def half_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):  
 
 
 @njit(cache=True)
-def single_tile(
-    rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim
-):  # pragma: no cover
+def single_tile(rows, c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim):  # pragma: no cover
     """``C += A B`` on ``rows`` (1 to 6) rows and one column."""
     if rows == 6:
         _single6(c, c_off, ldc, a, a_off, sa_i, sa_k, b, b_off, ldb, kdim)

@@ -40,8 +40,9 @@ def _close_slot(slot, open_count, open_row, open_used):  # pragma: no cover - co
 
 
 @njit(cache=True)
-def plan_best_fit(lengths, capacity, open_rows, row_of, column_of, open_row, open_used
-                  ):  # pragma: no cover - compiled
+def plan_best_fit(
+    lengths, capacity, open_rows, row_of, column_of, open_row, open_used
+):  # pragma: no cover - compiled
     """Place example ``i`` at ``(row_of[i], column_of[i])`` by bounded best-fit.
 
     Examples are taken in supplied order. Each goes to the open row with the least room
@@ -103,8 +104,20 @@ def group_by_row(row_of, row_first, order):  # pragma: no cover - compiled
 
 @njit(inline="always")
 def _write_example(
-    tokens, base, length, r, column, segment,
-    inputs, targets, segments, positions, input_valid, target_valid, loss_mask, segment_starts,
+    tokens,
+    base,
+    length,
+    r,
+    column,
+    segment,
+    inputs,
+    targets,
+    segments,
+    positions,
+    input_valid,
+    target_valid,
+    loss_mask,
+    segment_starts,
 ):  # pragma: no cover - compiled
     """Cells ``column .. column+length-1`` of row ``r``: one example's ``length`` pairs,
     read from ``tokens[base : base + length + 1]``."""
@@ -122,7 +135,15 @@ def _write_example(
 
 @njit(inline="always")
 def _write_padding(
-    r, column, inputs, targets, segments, positions, input_valid, target_valid, loss_mask,
+    r,
+    column,
+    inputs,
+    targets,
+    segments,
+    positions,
+    input_valid,
+    target_valid,
+    loss_mask,
     segment_starts,
 ):  # pragma: no cover - compiled
     """Cells ``column ..`` of row ``r``: padding (rule C5)."""
@@ -139,9 +160,23 @@ def _write_padding(
 
 @njit(parallel=True, cache=True)
 def fill_rows(
-    tokens, offsets, doc, start, stop, order, row_first, first_segment,
-    inputs, targets, segments, positions,
-    input_valid, target_valid, loss_mask, segment_starts, valid_lengths,
+    tokens,
+    offsets,
+    doc,
+    start,
+    stop,
+    order,
+    row_first,
+    first_segment,
+    inputs,
+    targets,
+    segments,
+    positions,
+    input_valid,
+    target_valid,
+    loss_mask,
+    segment_starts,
+    valid_lengths,
 ):  # pragma: no cover - compiled
     """Write every cell of every row once: the occurrences in order, then padding.
 
@@ -155,20 +190,51 @@ def fill_rows(
         for j in range(row_first[r], row_first[r + 1]):
             i = order[j]
             length = stop[i] - start[i] - 1
-            _write_example(tokens, offsets[doc[i]] + start[i], length, r, column,
-                           first_segment + i, inputs, targets, segments, positions,
-                           input_valid, target_valid, loss_mask, segment_starts)
+            _write_example(
+                tokens,
+                offsets[doc[i]] + start[i],
+                length,
+                r,
+                column,
+                first_segment + i,
+                inputs,
+                targets,
+                segments,
+                positions,
+                input_valid,
+                target_valid,
+                loss_mask,
+                segment_starts,
+            )
             column += length
         valid_lengths[r] = column
-        _write_padding(r, column, inputs, targets, segments, positions, input_valid,
-                       target_valid, loss_mask, segment_starts)
+        _write_padding(
+            r,
+            column,
+            inputs,
+            targets,
+            segments,
+            positions,
+            input_valid,
+            target_valid,
+            loss_mask,
+            segment_starts,
+        )
 
 
 @njit(cache=True)
 def fill_compact(
-    tokens, occurrences,
-    inputs, targets, segments, positions,
-    input_valid, target_valid, loss_mask, segment_starts, valid_lengths,
+    tokens,
+    occurrences,
+    inputs,
+    targets,
+    segments,
+    positions,
+    input_valid,
+    target_valid,
+    loss_mask,
+    segment_starts,
+    valid_lengths,
 ):  # pragma: no cover - compiled
     """``fill_rows`` for a checked compact batch, straight from its occurrence records:
     occurrence ``i`` fills columns ``start .. stop-1`` of its row from the next
@@ -183,15 +249,38 @@ def fill_compact(
         while i < occurrences.shape[0] and occurrences[i].row == r:
             record = occurrences[i]
             length = record.stop - record.start
-            _write_example(tokens, base, length, r, record.start, record.segment, inputs,
-                           targets, segments, positions, input_valid, target_valid,
-                           loss_mask, segment_starts)
+            _write_example(
+                tokens,
+                base,
+                length,
+                r,
+                record.start,
+                record.segment,
+                inputs,
+                targets,
+                segments,
+                positions,
+                input_valid,
+                target_valid,
+                loss_mask,
+                segment_starts,
+            )
             base += length + 1
             column = record.stop
             i += 1
         valid_lengths[r] = column
-        _write_padding(r, column, inputs, targets, segments, positions, input_valid,
-                       target_valid, loss_mask, segment_starts)
+        _write_padding(
+            r,
+            column,
+            inputs,
+            targets,
+            segments,
+            positions,
+            input_valid,
+            target_valid,
+            loss_mask,
+            segment_starts,
+        )
 
 
 @njit(parallel=True, cache=True)
@@ -238,8 +327,11 @@ def check_compact(occurrences, tokens, rows, capacity, vocab_size):  # pragma: n
             return COMPACT_START, i
         if not record.start < record.stop <= capacity:
             return COMPACT_COLUMNS, i
-        if (record.ordinal < 0 or record.ordinal >= 2**31
-                or not (new_row or record.ordinal > occurrences[i - 1].ordinal)):
+        if (
+            record.ordinal < 0
+            or record.ordinal >= 2**31
+            or not (new_row or record.ordinal > occurrences[i - 1].ordinal)
+        ):
             return COMPACT_ORDINAL, i
         if record.segment != record.ordinal:
             return COMPACT_SEGMENT, i
@@ -274,8 +366,11 @@ def plan_matches_window(
         d = record.ordinal
         if not 0 <= d < start.shape[0]:
             return False
-        if (record.range_start != start[d] or record.range_stop != stop[d]
-                or record.source_id != window_source_id[d]
-                or record.example_id != window_example_id[d]):
+        if (
+            record.range_start != start[d]
+            or record.range_stop != stop[d]
+            or record.source_id != window_source_id[d]
+            or record.example_id != window_example_id[d]
+        ):
             return False
     return True

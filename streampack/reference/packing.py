@@ -100,9 +100,16 @@ def reference_pack(examples: Examples, binding: Binding, config: PackConfig) -> 
                     fields["segment_starts"][r, column + j] = column
                 records.append(
                     (
-                        ordinal, r, column, column + len(inputs), ordinal,
-                        examples.source_id[ordinal], examples.example_id[ordinal],
-                        examples.start[ordinal], examples.stop[ordinal], examples.doc[ordinal],
+                        ordinal,
+                        r,
+                        column,
+                        column + len(inputs),
+                        ordinal,
+                        examples.source_id[ordinal],
+                        examples.example_id[ordinal],
+                        examples.start[ordinal],
+                        examples.stop[ordinal],
+                        examples.doc[ordinal],
                     )
                 )
                 column += len(inputs)
@@ -110,7 +117,8 @@ def reference_pack(examples: Examples, binding: Binding, config: PackConfig) -> 
         batches.append(
             PackedBatch(  # (mypy matches a ** dict against every parameter: see batch.py)
                 **fields,  # type: ignore[arg-type]
-                occurrences=np.array(records, dtype=OCCURRENCE_DTYPE), binding=binding,
+                occurrences=np.array(records, dtype=OCCURRENCE_DTYPE),
+                binding=binding,
                 policy=config.policy,
             )
         )

@@ -66,9 +66,18 @@ ENABLED = (
 DISABLED: dict[str, str] = {}
 
 ALL_KINDS = ENABLED + tuple(DISABLED)
-PEER_KINDS = {"stray_fetch", "garbage", "shifted_plan", "other_window", "silent_worker",
-              "wrong_world_fetch", "unfit_plan", "foreign_failed", "forged_counters",
-              "worker_wave"}
+PEER_KINDS = {
+    "stray_fetch",
+    "garbage",
+    "shifted_plan",
+    "other_window",
+    "silent_worker",
+    "wrong_world_fetch",
+    "unfit_plan",
+    "foreign_failed",
+    "forged_counters",
+    "worker_wave",
+}
 
 MAX_MESSAGE_BYTES = 1 << 20
 
@@ -86,8 +95,10 @@ def selected_kinds(spec: str | None) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in spec.split(",") if k.strip())
     unknown = [k for k in kinds if k not in ALL_KINDS]
     if unknown:
-        raise ValueError(f"CHAOS_FAULTS names unknown fault kinds {unknown}; "
-                         f"known: {', '.join(ALL_KINDS)} (or 'all')")
+        raise ValueError(
+            f"CHAOS_FAULTS names unknown fault kinds {unknown}; "
+            f"known: {', '.join(ALL_KINDS)} (or 'all')"
+        )
     return kinds
 
 
@@ -147,23 +158,39 @@ class Plan:
         fault_kinds = [kind for kind in kinds if kind != "tail_drop"]
         count = rng.randint(2, 5) if fault_kinds else 0
         for _ in range(count):
-            faults.append(Fault(at=round(rng.uniform(0.05, 0.8), 3), kind=rng.choice(fault_kinds),
-                                pick=rng.randrange(1000), hold=round(rng.uniform(0.3, 2.5), 2),
-                                variant=rng.randrange(1000)))
+            faults.append(
+                Fault(
+                    at=round(rng.uniform(0.05, 0.8), 3),
+                    kind=rng.choice(fault_kinds),
+                    pick=rng.randrange(1000),
+                    hold=round(rng.uniform(0.3, 2.5), 2),
+                    variant=rng.randrange(1000),
+                )
+            )
         faults.sort(key=lambda f: f.at)
         # About 4 s of streaming whatever the shape, so faults land while it runs.
         per_rank = 49 * epochs / world_size
         delay = round(rng.uniform(2.0, 5.0) / per_rank, 3)
-        return cls(seed=seed, kinds=kinds, settings=settings, world_size=world_size,
-                   workers=rng.choice([1, 2]), prefetch=rng.choice([1, 2, 4, 8]),
-                   delay=delay, checkpoint_every=rng.choice([2, 3, 5]), faults=faults,
-                   deadline=90.0)
+        return cls(
+            seed=seed,
+            kinds=kinds,
+            settings=settings,
+            world_size=world_size,
+            workers=rng.choice([1, 2]),
+            prefetch=rng.choice([1, 2, 4, 8]),
+            delay=delay,
+            checkpoint_every=rng.choice([2, 3, 5]),
+            faults=faults,
+            deadline=90.0,
+        )
 
     def describe(self) -> str:
         shape = {k: v for k, v in self.settings.items() if k not in ("corpus", "capacity")}
-        return (f"world_size={self.world_size} workers={self.workers} prefetch={self.prefetch} "
-                f"delay={self.delay} checkpoint_every={self.checkpoint_every} {shape}\n"
-                f"  faults: {' '.join(f.describe() for f in self.faults) or 'none'}")
+        return (
+            f"world_size={self.world_size} workers={self.workers} prefetch={self.prefetch} "
+            f"delay={self.delay} checkpoint_every={self.checkpoint_every} {shape}\n"
+            f"  faults: {' '.join(f.describe() for f in self.faults) or 'none'}"
+        )
 
 
 # ------------------------------------------------------------------------------ oracle
@@ -178,8 +205,9 @@ def oracle(settings: dict[str, Any], world_size: int) -> list[list[tuple[int, in
 
     from streampack.settings import ProducerSettings
 
-    shaping = ProducerSettings(**{k: v for k, v in settings.items()
-                                  if k not in ("worker_endpoint", "consumer_endpoint")})
+    shaping = ProducerSettings(
+        **{k: v for k, v in settings.items() if k not in ("worker_endpoint", "consumer_endpoint")}
+    )
     key = (tuple(sorted(settings.items())), world_size)
     if key not in _ORACLES:
         _ORACLES[key] = [
@@ -195,6 +223,7 @@ def oracle(settings: dict[str, Any], world_size: int) -> list[list[tuple[int, in
 @dataclasses.dataclass
 class Segment:
     """One trainer process of a rank: the cursor it started from and what it logged."""
+
     rank: int
     number: int
     log: Path
@@ -240,39 +269,74 @@ class Run:
     def start_producer(self) -> None:
         with self._output("producer.err") as err, self._output("producer.out") as out:
             self.producer = start(
-                "produce", *flags(self.plan.settings),
-                "--worker-endpoint", self.worker_endpoint,
-                "--consumer-endpoint", self.consumer_endpoint, stdout=out, stderr=err)
+                "produce",
+                *flags(self.plan.settings),
+                "--worker-endpoint",
+                self.worker_endpoint,
+                "--consumer-endpoint",
+                self.consumer_endpoint,
+                stdout=out,
+                stderr=err,
+            )
         self.producers.append(self.producer)
         self._note(f"producer {self.producer.pid} started")
 
     def start_worker(self) -> None:
         with self._output("workers.err") as err:
-            proc = start("worker", "--connect", self.worker_endpoint, "--heartbeat-interval",
-                         "0.2", "--prefetch", "1", stdout=subprocess.DEVNULL, stderr=err)
+            proc = start(
+                "worker",
+                "--connect",
+                self.worker_endpoint,
+                "--heartbeat-interval",
+                "0.2",
+                "--prefetch",
+                "1",
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         self.workers.append(proc)
         self._note(f"worker {proc.pid} started")
 
     def start_trainer(self, rank: int, cursor: dict[str, int] | None) -> None:
         number = len(self.segments[rank])
         log = self.dir / f"rank{rank}.{number}.log"
-        args = [sys.executable, str(TRAINER), "--connect", self.consumer_endpoint,
-                "--rank", str(rank), "--world-size", str(self.plan.world_size), "--log", str(log),
-                "--prefetch", str(self.plan.prefetch), "--delay", str(self.plan.delay),
-                "--checkpoint-every", str(self.plan.checkpoint_every), "--timeout", "30",
-                "--resend-after", "1.0"]
+        args = [
+            sys.executable,
+            str(TRAINER),
+            "--connect",
+            self.consumer_endpoint,
+            "--rank",
+            str(rank),
+            "--world-size",
+            str(self.plan.world_size),
+            "--log",
+            str(log),
+            "--prefetch",
+            str(self.plan.prefetch),
+            "--delay",
+            str(self.plan.delay),
+            "--checkpoint-every",
+            str(self.plan.checkpoint_every),
+            "--timeout",
+            "30",
+            "--resend-after",
+            "1.0",
+        ]
         start_at = (0, rank)
         if cursor is not None:
             args += ["--state-in", json.dumps(cursor)]
             start_at = (cursor["epoch"], cursor["index"])
         with self._output(f"rank{rank}.err") as err:
-            proc = subprocess.Popen(args, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
-                                    stderr=err)
+            proc = subprocess.Popen(
+                args, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=err
+            )
         stream = self.expected[rank]
         position = bisect.bisect_left([(e, g) for e, g, _ in stream], start_at)
         self.segments[rank].append(Segment(rank, number, log, proc, start_at, position))
-        self._note(f"rank {rank} segment {number} (pid {proc.pid}) from {start_at} "
-                   f"= oracle position {position}/{len(stream)}")
+        self._note(
+            f"rank {rank} segment {number} (pid {proc.pid}) from {start_at} "
+            f"= oracle position {position}/{len(stream)}"
+        )
 
     def _live_workers(self) -> list[subprocess.Popen]:
         return [p for p in self.workers if p.poll() is None and p.pid not in self.stopped]
@@ -281,14 +345,21 @@ class Run:
         out = []
         for segments in self.segments.values():
             last = segments[-1] if segments else None
-            if last is not None and not last.ended and not last.killed \
-                    and last.proc.poll() is None and last.proc.pid not in self.stopped:
+            if (
+                last is not None
+                and not last.ended
+                and not last.killed
+                and last.proc.poll() is None
+                and last.proc.pid not in self.stopped
+            ):
                 out.append(last)
         return out
 
     def _after(self, seconds: float, what: str, action: Any) -> None:
-        bisect.insort(self.later, (time.monotonic() + seconds, len(self.events) + len(self.later),
-                                   what, action))
+        bisect.insort(
+            self.later,
+            (time.monotonic() + seconds, len(self.events) + len(self.later), what, action),
+        )
 
     def _peer(self, endpoint: str, body: Any, name: str) -> None:
         peer = Peer(endpoint, body, name)
@@ -315,12 +386,13 @@ class Run:
             self.stopped[proc.pid] = proc
             self._note(f"  stopped worker {proc.pid} for {fault.hold}s")
             if fault.variant % 2:
-                self._after(fault.hold, f"continue worker {proc.pid}",
-                            lambda: self._continue(proc))
+                self._after(fault.hold, f"continue worker {proc.pid}", lambda: self._continue(proc))
             else:
+
                 def kill_and_replace() -> None:
                     self._continue(proc, kill=True)
                     self.start_worker()
+
                 self._after(fault.hold, f"kill stopped worker {proc.pid}", kill_and_replace)
         elif kind in ("trainer_kill", "trainer_stop"):
             live = self._live_segments()
@@ -332,8 +404,11 @@ class Run:
                 segment.proc.send_signal(signal.SIGSTOP)
                 self.stopped[segment.proc.pid] = segment.proc
                 self._note(f"  stopped rank {segment.rank} for {fault.hold}s")
-                self._after(fault.hold, f"continue rank {segment.rank}",
-                            lambda: self._continue(segment.proc))
+                self._after(
+                    fault.hold,
+                    f"continue rank {segment.rank}",
+                    lambda: self._continue(segment.proc),
+                )
                 return
             segment.killed = True
             segment.proc.kill()
@@ -343,10 +418,15 @@ class Run:
             cursors += segment.checkpoints
             back = fault.variant % 6  # 0: its last checkpoint; more: an older one
             cursor = cursors[max(0, len(cursors) - 1 - back)]
-            self._note(f"  killed rank {segment.rank} after {segment.received} batches; "
-                       f"restart from {cursor} ({back} checkpoint(s) back)")
-            self._after(fault.hold / 2, f"restart rank {segment.rank}",
-                        lambda: self.start_trainer(segment.rank, cursor))
+            self._note(
+                f"  killed rank {segment.rank} after {segment.received} batches; "
+                f"restart from {cursor} ({back} checkpoint(s) back)"
+            )
+            self._after(
+                fault.hold / 2,
+                f"restart rank {segment.rank}",
+                lambda: self.start_trainer(segment.rank, cursor),
+            )
         elif kind == "producer_restart":
             assert self.producer is not None
             if self.producer.poll() is not None:
@@ -418,7 +498,8 @@ class Run:
                         f"rank {segment.rank} segment {segment.number} (from "
                         f"{segment.start}): batch #{segment.received} of the segment is "
                         f"{self._show(got)}; the oracle has {self._show(want)} there"
-                        + self._near(stream, got))
+                        + self._near(stream, got)
+                    )
                 segment.received += 1
                 if not self.delivered:
                     self._note(f"first batch, at rank {segment.rank}")
@@ -430,7 +511,8 @@ class Run:
                     raise self.failure(
                         f"rank {segment.rank} segment {segment.number}: the stream ended "
                         f"after {segment.position + segment.received} of the oracle's "
-                        f"{len(stream)} batches (cursor {rest})")
+                        f"{len(stream)} batches (cursor {rest})"
+                    )
                 segment.ended = True
                 self._note(f"rank {segment.rank} segment {segment.number} ended")
             elif tag == "E":
@@ -438,8 +520,11 @@ class Run:
 
     @staticmethod
     def _show(item: tuple[int, int, str] | None) -> str:
-        return "nothing (past the end)" if item is None else \
-            f"(epoch {item[0]}, batch {item[1]}, {item[2][:12]})"
+        return (
+            "nothing (past the end)"
+            if item is None
+            else f"(epoch {item[0]}, batch {item[1]}, {item[2][:12]})"
+        )
 
     @staticmethod
     def _near(stream: list[tuple[int, int, str]], got: tuple[int, int, str]) -> str:
@@ -458,11 +543,16 @@ class Run:
             lines = path.read_text(errors="replace").splitlines()
             tail = "\n    ".join(lines[-12:])
         ranks = ", ".join(
-            f"rank {r}: " + "; ".join(
+            f"rank {r}: "
+            + "; ".join(
                 f"seg{s.number} from {s.start} got {s.received}"
-                + (" END" if s.ended else "") + (" KILLED" if s.killed else "")
-                + (f" ERROR {s.error}" if s.error else "") for s in segs)
-            for r, segs in self.segments.items())
+                + (" END" if s.ended else "")
+                + (" KILLED" if s.killed else "")
+                + (f" ERROR {s.error}" if s.error else "")
+                for s in segs
+            )
+            for r, segs in self.segments.items()
+        )
         return ChaosFailure(
             f"chaos seed {self.plan.seed} FAILED: {symptom}\n"
             f"  plan: {self.plan.describe()}\n"
@@ -472,7 +562,8 @@ class Run:
             f"  peers: {[(peer.name, peer.notes) for peer in self.peers]}\n"
             f"  producer log tail:\n    {tail}\n"
             f"  files: {self.dir}\n"
-            f"  replay: {replay_command(self.plan)}")
+            f"  replay: {replay_command(self.plan)}"
+        )
 
     def _status(self) -> str:
         if self.producer is None or self.producer.poll() is not None:
@@ -482,10 +573,22 @@ class Run:
         status = check(self.consumer_endpoint, 2.0)
         if status is None:
             return "no answer to a health probe within 2s"
-        keep = ("workers", "windows_in_flight", "ready_batches", "reorder_bytes",
-                "pending_fetches", "rewinds", "windows_reissued", "windows_failed",
-                "rejected_worker", "rejected_consumer", "stale_dropped", "replayed_dropped",
-                "batches_served", "epoch")
+        keep = (
+            "workers",
+            "windows_in_flight",
+            "ready_batches",
+            "reorder_bytes",
+            "pending_fetches",
+            "rewinds",
+            "windows_reissued",
+            "windows_failed",
+            "rejected_worker",
+            "rejected_consumer",
+            "stale_dropped",
+            "replayed_dropped",
+            "batches_served",
+            "epoch",
+        )
         return json.dumps({k: status["stats"].get(k) for k in keep})
 
     # -------------------------------------------------------------- the run
@@ -520,10 +623,14 @@ class Run:
                     if not segment.ended:
                         raise self.failure(
                             f"rank {segment.rank} segment {segment.number} exited {code}: "
-                            f"{segment.error or 'without a word (see rank*.err)'}")
-            if self.producer is not None and self.producer.poll() is not None \
-                    and self.producer.returncode not in (-signal.SIGKILL, 0) \
-                    and not any("producer restart" in what for _, _, what, _ in self.later):
+                            f"{segment.error or 'without a word (see rank*.err)'}"
+                        )
+            if (
+                self.producer is not None
+                and self.producer.poll() is not None
+                and self.producer.returncode not in (-signal.SIGKILL, 0)
+                and not any("producer restart" in what for _, _, what, _ in self.later)
+            ):
                 raise self.failure(f"the producer died (exit {self.producer.returncode})")
             done = all(segs and segs[-1].ended for segs in self.segments.values())
             if done and not self.later:
@@ -533,7 +640,8 @@ class Run:
             if now > deadline:
                 raise self.failure(
                     f"no end within the run's deadline of {plan.deadline}s "
-                    f"({self.delivered} batches delivered of {self.total} expected)")
+                    f"({self.delivered} batches delivered of {self.total} expected)"
+                )
             time.sleep(0.05)
         for fault in faults:
             self._note(f"fault {fault.describe()} not reached: the stream ended first")
@@ -577,4 +685,3 @@ def run_seed(seed: int, workdir: Path, kinds: tuple[str, ...] = ENABLED) -> Run:
     run = Run(Plan.draw(seed, kinds), workdir)
     run.execute()
     return run
-

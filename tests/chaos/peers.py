@@ -74,8 +74,9 @@ class Peer(threading.Thread):
 # ---------------------------------------------------------------------------- consumers
 
 
-def stray_fetches(rng: random.Random, world_size: int, epochs: int, per_rank: int,
-                  wait: float) -> Callable[[Peer], None]:
+def stray_fetches(
+    rng: random.Random, world_size: int, epochs: int, per_rank: int, wait: float
+) -> Callable[[Peer], None]:
     """A stranger (or an old consumer) asks for batches anywhere in the stream: behind,
     ahead, past the end; some twice. With ``wait`` it reads answers for that long,
     otherwise it leaves at once with its fetches still pending at the producer."""
@@ -84,8 +85,16 @@ def stray_fetches(rng: random.Random, world_size: int, epochs: int, per_rank: in
         rank = rng.randrange(world_size)
         epoch = rng.randrange(epochs + 1)
         index = rank + world_size * rng.randrange(per_rank + 2)
-        fetches.append({"rank": rank, "world_size": world_size, "epoch": epoch,
-                        "index": index, "count": rng.randint(1, 3), "base": 0})
+        fetches.append(
+            {
+                "rank": rank,
+                "world_size": world_size,
+                "epoch": epoch,
+                "index": index,
+                "count": rng.randint(1, 3),
+                "base": 0,
+            }
+        )
     repeats = rng.choice([1, 1, 3])
 
     def body(peer: Peer) -> None:
@@ -102,8 +111,9 @@ def stray_fetches(rng: random.Random, world_size: int, epochs: int, per_rank: in
 
 def garbage(rng: random.Random, max_message_bytes: int) -> Callable[[Peer], None]:
     """Malformed messages of every sort, sent in a random order, answers read briefly."""
-    valid = wire.encode("fetch", {"rank": 0, "world_size": 1, "epoch": 0, "index": 0,
-                                  "count": 1, "base": 0})
+    valid = wire.encode(
+        "fetch", {"rank": 0, "world_size": 1, "epoch": 0, "index": 0, "count": 1, "base": 0}
+    )
     header = bytes(valid[0])
     # msgpack arrays of one element, nested 100,000 deep around a nil (packb refuses to
     # write it, so it is written by hand): deeper than any recursive parser's stack.
@@ -112,13 +122,46 @@ def garbage(rng: random.Random, max_message_bytes: int) -> Callable[[Peer], None
         [b""],
         [b"\xff\x00garbage"],
         [header[: len(header) // 2]],  # truncated
-        [msgpack.packb({"v": 99, "k": "fetch", "rank": 0, "world_size": 1, "epoch": 0,
-                        "index": 0, "count": 1, "f": []})],  # wrong version
+        [
+            msgpack.packb(
+                {
+                    "v": 99,
+                    "k": "fetch",
+                    "rank": 0,
+                    "world_size": 1,
+                    "epoch": 0,
+                    "index": 0,
+                    "count": 1,
+                    "f": [],
+                }
+            )
+        ],  # wrong version
         [msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "teleport", "f": []})],
-        [msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "fetch", "rank": "0",
-                        "world_size": 1, "epoch": 0, "index": 0, "count": 1, "f": []})],
-        [msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "packed", "epoch": 0, "window": 0,
-                        "f": [["occurrences", "occurrence", [5]]]})],  # frames missing
+        [
+            msgpack.packb(
+                {
+                    "v": wire.PROTOCOL_VERSION,
+                    "k": "fetch",
+                    "rank": "0",
+                    "world_size": 1,
+                    "epoch": 0,
+                    "index": 0,
+                    "count": 1,
+                    "f": [],
+                }
+            )
+        ],
+        [
+            msgpack.packb(
+                {
+                    "v": wire.PROTOCOL_VERSION,
+                    "k": "packed",
+                    "epoch": 0,
+                    "window": 0,
+                    "f": [["occurrences", "occurrence", [5]]],
+                }
+            )
+        ],  # frames missing
         [header, b"an unannounced frame"],
         [msgpack.packb([1, 2, 3])],
         [nested],
@@ -139,10 +182,22 @@ def garbage(rng: random.Random, max_message_bytes: int) -> Callable[[Peer], None
 
 def wrong_world_fetch(world_size: int) -> Callable[[Peer], None]:
     """A fetch from a job of another size: it must not lock the real job out."""
+
     def body(peer: Peer) -> None:
         other = world_size + 1
-        peer.send(wire.encode("fetch", {"rank": other - 1, "world_size": other, "epoch": 0,
-                                        "index": other - 1, "count": 1, "base": 0}))
+        peer.send(
+            wire.encode(
+                "fetch",
+                {
+                    "rank": other - 1,
+                    "world_size": other,
+                    "epoch": 0,
+                    "index": other - 1,
+                    "count": 1,
+                    "base": 0,
+                },
+            )
+        )
         peer.receive(1.0)
 
     return body
@@ -157,16 +212,32 @@ def _plan(window: wire.Message) -> tuple[np.ndarray, np.ndarray]:
     from streampack.packing import plan_ranges
 
     a = window.arrays
-    return plan_ranges(a["offsets"], a["start"], a["stop"], a["source_id"], a["example_id"],
-                       PackConfig(**window.fields["config"]))
+    return plan_ranges(
+        a["offsets"],
+        a["start"],
+        a["stop"],
+        a["source_id"],
+        a["example_id"],
+        PackConfig(**window.fields["config"]),
+    )
 
 
-def _packed(window: wire.Message, occurrences: np.ndarray, sizes: np.ndarray,
-            window_index: int | None = None, **overrides: Any) -> list[Any]:
-    fields = {"epoch": window.fields["epoch"],
-              "window": window.fields["window"] if window_index is None else window_index,
-              "capacity": window.fields["config"]["capacity"], "seconds": 0.0, "audited": 0,
-              "audit_failures": 0, "audit_error": ""} | overrides
+def _packed(
+    window: wire.Message,
+    occurrences: np.ndarray,
+    sizes: np.ndarray,
+    window_index: int | None = None,
+    **overrides: Any,
+) -> list[Any]:
+    fields = {
+        "epoch": window.fields["epoch"],
+        "window": window.fields["window"] if window_index is None else window_index,
+        "capacity": window.fields["config"]["capacity"],
+        "seconds": 0.0,
+        "audited": 0,
+        "audit_failures": 0,
+        "audit_error": "",
+    } | overrides
     return wire.encode("packed", fields, {"occurrences": occurrences, "batch_sizes": sizes})
 
 
@@ -184,6 +255,7 @@ def fake_worker(rng: random.Random, behaviour: str, life: float) -> Callable[[Pe
     - ``vanish``: takes a window and disappears at once; six of them in a row
       (``worker_wave``) must not get a window quarantined.
     """
+
     def heartbeat(peer: Peer) -> None:
         peer.send(wire.encode("heartbeat", {"free": 1, "needs_tokens": False}))
 
@@ -192,19 +264,32 @@ def fake_worker(rng: random.Random, behaviour: str, life: float) -> Callable[[Pe
         if behaviour == "foreign_failed":
             heartbeat(peer)
             for window in range(rng.randint(1, 4)):
-                peer.send(wire.encode("failed", {"epoch": 0, "window": window,
-                                                 "error": "forged by a stranger"}))
+                peer.send(
+                    wire.encode(
+                        "failed", {"epoch": 0, "window": window, "error": "forged by a stranger"}
+                    )
+                )
             return
         if behaviour == "forged_counters":
             from streampack.batch import OCCURRENCE_DTYPE
 
             empty = np.zeros(0, OCCURRENCE_DTYPE)
             for _ in range(2):
-                peer.send(wire.encode("packed", {
-                    "epoch": 0, "window": 10**6, "capacity": 1, "seconds": float("nan"),
-                    "audited": 2**64 - 1, "audit_failures": -5,
-                    "audit_error": "forged\nproducer: forged log line"},
-                    {"occurrences": empty, "batch_sizes": np.zeros(0, np.int64)}))
+                peer.send(
+                    wire.encode(
+                        "packed",
+                        {
+                            "epoch": 0,
+                            "window": 10**6,
+                            "capacity": 1,
+                            "seconds": float("nan"),
+                            "audited": 2**64 - 1,
+                            "audit_failures": -5,
+                            "audit_error": "forged\nproducer: forged log line",
+                        },
+                        {"occurrences": empty, "batch_sizes": np.zeros(0, np.int64)},
+                    )
+                )
             return
         peer.send(wire.encode("ready", {"credit": 1, "needs_tokens": False}))
         next_beat = 0.0

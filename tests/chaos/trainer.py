@@ -51,15 +51,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds per batch")
     parser.add_argument("--checkpoint-every", type=int, default=4)
-    parser.add_argument("--resend-after", type=float, default=client.RESEND_AFTER,
-                        help="seconds of silence before fetches are sent again")
+    parser.add_argument(
+        "--resend-after",
+        type=float,
+        default=client.RESEND_AFTER,
+        help="seconds of silence before fetches are sent again",
+    )
     args = parser.parse_args(argv)
     # Short silences are the point here: a restarted producer is asked again quickly.
     client.RESEND_AFTER = args.resend_after
-    with open(args.log, "a") as log, BatchStream(
-        args.connect, rank=args.rank, world_size=args.world_size, prefetch=args.prefetch,
-        timeout=args.timeout, max_message_bytes=1 << 20,
-    ) as stream:
+    with (
+        open(args.log, "a") as log,
+        BatchStream(
+            args.connect,
+            rank=args.rank,
+            world_size=args.world_size,
+            prefetch=args.prefetch,
+            timeout=args.timeout,
+            max_message_bytes=1 << 20,
+        ) as stream,
+    ):
         try:
             if args.state_in:
                 stream.load_state_dict(json.loads(args.state_in))
