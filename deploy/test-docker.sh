@@ -47,10 +47,11 @@ VERDICT_DONE=0
 SUITE="DOCKER E2E"
 
 # Service settings of the end-to-end runs. Workers audit every other batch with the
-# reference decoder, and in run 2 they are held to a quarter of a CPU each (docker run
-# --cpus), which makes them the slow stage: while batches flow, every worker holds
-# windows, so the one killed is caught with work in hand. The producer's budgets keep
-# workers from running far ahead of the consumer.
+# reference decoder. In run 2 they are held to a quarter of a CPU each (docker run
+# --cpus), which makes them the slow stage, and the producer's reorder budget is small,
+# which keeps them from packing far ahead of the consumer: while batches flow, every
+# worker holds windows, so the one killed is caught with work in hand. Every wait on
+# the service has a deadline, and a failure's reason is the last line printed.
 CORPUS_DIR="$ROOT/fixtures/corpus"
 E2E_EPOCHS=${STREAMPACK_E2E_EPOCHS:-6}
 AUDIT_EVERY=${STREAMPACK_E2E_AUDIT_EVERY:-2}
@@ -66,10 +67,12 @@ skip() {
     exit 0
 }
 
+# A failure's reason is said twice: where it happens, and again as the very last line,
+# after the containers' logs, so that the tail of a CI log always names it.
+FAILURE=""
 fail() {
     log "FAILED: $*"
-    echo "$SUITE: FAIL: $*"
-    VERDICT_DONE=1
+    FAILURE="$*"
     exit 1
 }
 
@@ -83,10 +86,17 @@ cleanup() {
         local ids
         ids=$(docker ps -aq --filter "label=$LABEL" 2>/dev/null)
         if [[ -n $ids ]]; then
+            if [[ $status != 0 && -n $(docker ps -q --filter "name=^/$RUN_ID-producer\$") ]]; then
+                local curve=()
+                mapfile -t curve < <(curve_client_flags)
+                log "the producer's health: $(docker exec "$RUN_ID-producer" streampack health \
+                    --timeout 5 "${curve[@]}" 2>&1 | tail -n 1)"
+            fi
             if [[ $status != 0 ]]; then
                 for id in $ids; do
-                    log "last log lines of $(docker inspect -f '{{.Name}}' "$id" 2>/dev/null):"
-                    docker logs --tail 20 "$id" 2>&1 | sed 's/^/    /' >&2
+                    log "$(docker inspect -f '{{.Name}}: {{.State.Status}}, exit code {{.State.ExitCode}}' "$id" 2>/dev/null);" \
+                        "its last log lines (Numba cache lines left out):"
+                    docker logs "$id" 2>&1 | grep -v '^\[cache\] ' | tail -n 20 | sed 's/^/    /' >&2
                 done
             fi
             # shellcheck disable=SC2086
@@ -106,7 +116,9 @@ cleanup() {
         kill "$DOCKERD_PID" 2>/dev/null
         for _ in $(seq 1 30); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 1; done
     fi
-    if [[ $VERDICT_DONE == 0 && $status != 0 ]]; then
+    if [[ -n $FAILURE ]]; then
+        echo "$SUITE: FAIL: $FAILURE"
+    elif [[ $VERDICT_DONE == 0 && $status != 0 ]]; then
         if [[ $ENGINE_UP == 1 ]]; then
             echo "$SUITE: FAIL: stopped with status $status (see the log above)"
         else
@@ -381,7 +393,28 @@ start_producer() {
         -e STREAMPACK_HEALTH_ENDPOINT=tcp://127.0.0.1:5556 "${keys[@]}" \
         "$IMAGE" produce --config /etc/streampack/streampack.toml --corpus /data/corpus \
         --worker-endpoint tcp://0.0.0.0:5555 --consumer-endpoint tcp://0.0.0.0:5556 \
+        --metrics-port 5557 --metrics-address 0.0.0.0 \
         ${CURVE_KEY:+--curve-secret-key-file /etc/streampack/keys/producer.key} "$@"
+    PRODUCER_METRICS="http://$(docker inspect -f \
+        "{{(index .NetworkSettings.Networks \"$NETWORK\").IPAddress}}" "$RUN_ID-producer"):5557/metrics"
+}
+
+PRODUCER_METRICS=""
+producer_metric() {
+    # producer_metric NAME: the value of one unlabelled sample of the producer's
+    # Prometheus metrics, read over HTTP from the host (milliseconds, where a `health`
+    # probe in the container costs a Python start); 0 while they cannot be read.
+    "$HOST_PYTHON" - "$PRODUCER_METRICS" "$1" <<'PY'
+import sys
+import urllib.request
+
+try:
+    text = urllib.request.urlopen(sys.argv[1], timeout=2).read().decode()
+except OSError:
+    text = ""
+values = dict(line.split(" ", 1) for line in text.splitlines() if line and line[0] != "#")
+print(int(float(values.get(sys.argv[2], "0"))))
+PY
 }
 
 make_curve_keys() {
@@ -491,6 +524,12 @@ e2e_run_plain() {
     log "run 1 consumer: $result"
     compare_with_inprocess "run 1" "$result"
     DIGEST_RUN1=$(json_field "$result" digest)
+    # The producer's Prometheus metrics, read from outside the container, agree.
+    local served
+    served=$(producer_metric streampack_batches_served_total)
+    [[ $served == "$(json_field "$result" batches)" ]] \
+        || fail "run 1: the producer's /metrics counts $served batches served; the consumer got" \
+            "$(json_field "$result" batches)"
     # The workers packed and audited from the image's Numba cache, compiling nothing.
     local i loaded compiled audited
     for i in 1 2; do
@@ -530,13 +569,31 @@ stats = json.loads(sys.argv[1])["stats"]
 print(" ".join(str(stats.get(name, 0)) for name in sys.argv[2:]))' "$status" "$@"
 }
 
+STAT=""
+wait_producer() {
+    # wait_producer SECONDS METRIC MINIMUM [CONTAINER]: poll the producer's metrics until
+    # METRIC reaches MINIMUM (its last value in STAT); 1 after SECONDS, or at once when
+    # the CONTAINER named (which must outlive the wait) has stopped.
+    local deadline=$(($(date +%s) + $1))
+    while (($(date +%s) < deadline)); do
+        STAT=$(producer_metric "$2")
+        ((STAT >= $3)) && return 0
+        if [[ -n ${4:-} && $(docker inspect -f '{{.State.Running}}' "$RUN_ID-$4") != true ]]; then
+            log "$4 stopped while $2 was $STAT"
+            return 1
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
 DIGEST_RUN2=""
 KILLED_AT=""
 e2e_run_kill() {
     log "run 2: producer + 2 workers + consumer over CURVE, worker-1 killed mid-epoch"
     make_curve_keys
     docker network create --label "$LABEL" "$NETWORK" >/dev/null
-    start_producer
+    start_producer --reorder-budget-bytes 65536
     wait_healthy producer
     # Without the producer's public key a client gets no answer. The container's
     # environment holds the key for its health check (clients read it by default): an
@@ -545,21 +602,16 @@ e2e_run_kill() {
         streampack health --timeout 2 >/dev/null 2>&1; then
         fail "run 2: the CURVE producer answered a client that has no key"
     fi
+    # Both workers join before the consumer starts; the small reorder budget keeps them
+    # from packing far ahead meanwhile, so once batches flow they are the slow stage and
+    # hold windows: the one killed is caught with work in hand.
     start_worker 1 --cpus 0.25
     start_worker 2 --cpus 0.25
+    wait_producer 180 streampack_workers 2 || fail "run 2: within 180 s only $STAT of 2 workers joined"
     start_consumer
-    # Kill once both workers have joined and batches are flowing to the consumer.
-    local stats="" workers served lost reissued result total
-    for _ in $(seq 1 300); do
-        stats=$(producer_stat workers batches_served) || stats="0 0"
-        read -r workers served <<<"$stats"
-        [[ $workers == 2 && $served -gt 0 ]] && break
-        [[ $(docker inspect -f '{{.State.Running}}' "$RUN_ID-consumer") == true ]] \
-            || fail "run 2: the consumer finished before a worker could be killed"
-        sleep 0.2
-    done
-    [[ $workers == 2 && $served -gt 0 ]] \
-        || fail "run 2: no batches flowed with 2 workers joined (producer: $stats)"
+    wait_producer 180 streampack_batches_served_total 1 consumer \
+        || fail "run 2: within 180 s of the consumer's start, no batch was served"
+    local served=$STAT lost reissued result total
     docker kill "$RUN_ID-worker-1" >/dev/null
     KILLED_AT=$served
     [[ $(docker inspect -f '{{.State.Running}}' "$RUN_ID-consumer") == true ]] \
@@ -600,17 +652,13 @@ first_batch_seconds() {
     # storage driver's copy of the image included), and from the worker process's
     # start (Python, imports, Numba kernels, connecting, packing the first window).
     # Extra arguments go to the worker's docker run.
-    local started pending=0 wall process
+    local started wall process
     docker network create --label "$LABEL" "$NETWORK" >/dev/null
     start_producer
     wait_healthy producer
     start_consumer --max-batches 1 --quiet
-    for _ in $(seq 1 300); do
-        pending=$(producer_stat pending_fetches) || pending=0
-        [[ $pending -gt 0 ]] && break
-        sleep 0.2
-    done
-    [[ $pending -gt 0 ]] || fail "first-batch measurement: the consumer never asked for a batch"
+    wait_producer 120 streampack_pending_fetches 1 consumer \
+        || fail "first-batch measurement: the consumer never asked for a batch"
     started=$(now)
     svc worker-1 "$@" "$IMAGE" worker --config /etc/streampack/streampack.toml \
         --connect tcp://producer:5555
