@@ -450,15 +450,15 @@ start_consumer() {
 
 wait_healthy() {
     # The image's HEALTHCHECK (`streampack health`) must report the producer as serving.
-    local container="$RUN_ID-$1" state
-    for _ in $(seq 1 120); do
+    local container="$RUN_ID-$1" state deadline=$(($(date +%s) + 120))
+    while (($(date +%s) < deadline)); do
         state=$(docker inspect -f '{{.State.Health.Status}}' "$container" 2>/dev/null || echo gone)
         [[ $state == healthy ]] && return
         [[ $(docker inspect -f '{{.State.Running}}' "$container" 2>/dev/null) == true ]] \
             || fail "$container stopped before it became healthy"
         sleep 0.5
     done
-    fail "$container did not become healthy within 60 s (health: $state)"
+    fail "$container did not become healthy within 120 s (health: $state)"
 }
 
 EXIT_CODE=""
