@@ -11,7 +11,8 @@
 #   5. warm       the Numba cache baked into the image is hit when a container starts
 #   6. run 1      producer + 2 workers + a consumer on a user-defined network; the
 #                 consumer's digest must equal an in-process digest of the same corpus
-#                 and settings, computed on the host
+#                 and settings, computed on the host; the producer's /metrics, scraped
+#                 from the host, must count the batches the consumer received
 #   7. run 2      the same over CURVE (the producer's key pair made for the run), with
 #                 one worker container killed (`docker kill`) mid-epoch
 #   8. measure    image size, build time, cold start to first batch (warm and cold cache)
