@@ -431,6 +431,38 @@ def test_the_receive_limit_admits_the_plans_of_every_window_handed_out():
     )
 
 
+def _three_ranks_at_once(budget: int) -> tuple[Harness, dict[int, list]]:
+    """Ranks 0-2 of 3 each ask for their first 8 batches before a worker joins, under
+    a drop tail; the worker packs until nothing moves."""
+    harness = Harness(tail="drop", reorder_budget_bytes=budget, window_documents=16)
+    for rank in range(3):
+        harness.fetch(b"c%d" % rank, rank, 3, 0, rank, count=8)
+    harness.join(b"w1")
+    harness.work(b"w1", limit=50)
+    return harness, {rank: harness.batches(b"c%d" % rank) for rank in range(3)}
+
+
+@pytest.mark.parametrize("budget", [2_000, 3_000])
+def test_a_drop_tail_held_back_by_a_budget_below_a_group_of_batches_does_not_wedge(budget):
+    """Chaos finding F5 (seed 29): batches 0 and 1 are asked for and ready, but a drop
+    tail holds them back until batch 2 shows that their group of 3 is whole. They filled
+    the budget (about 2 kB each), no window was cut again and every rank timed out.
+    What a drop tail holds back no longer counts against the budget, up to one budget."""
+    harness, got = _three_ranks_at_once(budget)
+    for rank in range(3):
+        assert got[rank] == expected(FIXTURE, rank, 3, tail="drop", window_documents=16)["list"][:8]
+    assert not [line for line in harness.log if "reorder_budget_bytes" in line]
+
+
+def test_a_budget_too_small_even_for_that_says_so():
+    """Below what a drop tail holds back, even with the allowance, the ranks wait and
+    the producer's log names the setting and the size needed."""
+    harness, got = _three_ranks_at_once(500)
+    assert got == {0: [], 1: [], 2: []}
+    (warning,) = [line for line in harness.log if "reorder_budget_bytes" in line]
+    assert "reorder_budget_bytes = 500 is too small" in warning and "tail = 'fill'" in warning
+
+
 @pytest.mark.parametrize("budget", [4_000, 16_384])
 def test_a_rank_alone_past_a_drop_tail_is_answered_with_the_reorder_buffer_full(budget):
     """Chaos finding F4: a fetch past the drop tail waits for the epoch's total, which

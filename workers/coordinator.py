@@ -141,6 +141,7 @@ class Coordinator:
         self.started = False  # nothing is cut before the first fetch says where to start
         self.metrics: Any = None  # service.metrics.ProducerMetrics, while metrics are served
         self._clamp_logged: set[bytes] = set()
+        self._budget_warned = False  # the reorder budget cannot hold a drop tail's group
 
     # -- workers -------------------------------------------------------------------
 
@@ -383,7 +384,24 @@ class Coordinator:
         ):
             # Someone waits for a batch not cut yet: the buffer must not block it.
             self.delivery.make_room(budget - self.pipeline.received_bytes)
-            return self.pipeline.may_cut(self.delivery.ready_bytes, budget)
+            if self.pipeline.may_cut(self.delivery.ready_bytes, budget):
+                return True
+            # Still full, of batches asked for. Those a drop tail holds back wait for
+            # the batches that complete their group: up to one budget of them does not
+            # count (see delivery), or a budget below W batches would wedge every rank.
+            held = self.delivery.held_for_share()
+            if held and self.pipeline.may_cut(
+                self.delivery.ready_bytes - min(held, budget), budget
+            ):
+                return True
+            if held and not self._budget_warned:
+                self._budget_warned = True
+                self.warn(
+                    f"producer: reorder_budget_bytes = {budget} is too small for the "
+                    f"{held} bytes of batches a drop tail holds back until their groups "
+                    f"of world_size batches are complete; ranks wait. Raise "
+                    f"reorder_budget_bytes above {held}, or use tail = 'fill'"
+                )
         return False
 
     def _fit_limits(self, plan_bytes: int) -> None:

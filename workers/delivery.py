@@ -38,6 +38,10 @@ Bounds and why nothing wedges:
   size in use, the consumers of the rank that owns the key have all moved past it),
   then evicts the ready batch with the highest key until there is room. An evicted
   batch that is asked for later is replayed, like any batch already sent.
+- What a drop tail holds back is not counted against the budget, up to one budget more
+  (``held_for_share``): those batches are asked for, cannot be evicted, and wait for
+  the batches that complete their group, which only cutting brings — a budget below a
+  group of ``W`` batches would otherwise wedge every rank.
 """
 
 from __future__ import annotations
@@ -395,6 +399,19 @@ class Delivery:
         return any(
             key >= assembly_point or (key in self.ready and self.total(key[0]) is None)
             for key in self.pending
+        )
+
+    def held_for_share(self) -> int:
+        """Bytes of ready batches that are asked for but not yet known to be in the
+        asker's share: with ``tail = "drop"``, before the epoch's total is known, each
+        waits for the batches that complete its group of ``W`` (at most one such batch
+        per consumer, so at most ``W - 1`` for a job's ranks)."""
+        if self.tail != "drop":
+            return 0
+        return sum(
+            self.ready[key].batch.nbytes
+            for key in self.pending
+            if key in self.ready and self.total(key[0]) is None
         )
 
     def _passed(self) -> Callable[[Key], bool]:
