@@ -384,15 +384,11 @@ class Coordinator:
         ):
             # Someone waits for a batch not cut yet: the buffer must not block it.
             self.delivery.make_room(budget - self.pipeline.received_bytes)
-            if self.pipeline.may_cut(self.delivery.ready_bytes, budget):
-                return True
-            # Still full, of batches asked for. Those a drop tail holds back wait for
-            # the batches that complete their group: up to one budget of them does not
-            # count (see delivery), or a budget below W batches would wedge every rank.
+            # What is left is asked for. Batches a drop tail holds back wait for the ones
+            # that complete their group: up to one budget of them does not count (see
+            # delivery), or a budget below W batches would wedge every rank.
             held = self.delivery.held_for_share()
-            if held and self.pipeline.may_cut(
-                self.delivery.ready_bytes - min(held, budget), budget
-            ):
+            if self.pipeline.may_cut(self.delivery.ready_bytes - min(held, budget), budget):
                 return True
             if held and not self._budget_warned:
                 self._budget_warned = True
