@@ -402,10 +402,11 @@ start_producer() {
 
 PRODUCER_METRICS=""
 producer_metric() {
-    # producer_metric NAME: the value of one unlabelled sample of the producer's
-    # Prometheus metrics, read over HTTP from the host (milliseconds, where a `health`
-    # probe in the container costs a Python start); 0 while they cannot be read.
-    "$HOST_PYTHON" - "$PRODUCER_METRICS" "$1" <<'PY'
+    # producer_metric NAME...: the values of unlabelled samples of the producer's
+    # Prometheus metrics, space-separated, read over HTTP from the host (milliseconds,
+    # where a `health` probe in the container costs a Python start); 0 for each while
+    # they cannot be read.
+    "$HOST_PYTHON" - "$PRODUCER_METRICS" "$@" <<'PY'
 import sys
 import urllib.request
 
@@ -414,7 +415,7 @@ try:
 except OSError:
     text = ""
 values = dict(line.split(" ", 1) for line in text.splitlines() if line and line[0] != "#")
-print(int(float(values.get(sys.argv[2], "0"))))
+print(" ".join(str(int(float(values.get(name, "0")))) for name in sys.argv[2:]))
 PY
 }
 
@@ -541,7 +542,8 @@ e2e_run_plain() {
     done
     compiled=$(docker logs "$RUN_ID-consumer" 2>&1 | grep -c '^\[cache\] data saved' || true)
     [[ $compiled == 0 ]] || fail "run 1: the consumer compiled $compiled Numba kernels at run time"
-    read -r audited audit_failures <<<"$(producer_stat audited audit_failures)"
+    read -r audited audit_failures <<<"$(producer_metric \
+        streampack_batches_audited_total streampack_audit_failures_total)"
     [[ $audited -gt 0 && $audit_failures == 0 ]] \
         || fail "run 1: workers audited $audited batches with $audit_failures failures"
     # SIGTERM reaches every process (exec-form entrypoint) and each stops cleanly.
@@ -556,18 +558,6 @@ e2e_run_plain() {
     log "run 1: $audited batches audited; worker-2 loaded $loaded kernels, compiled none;" \
         "SIGTERM stopped producer and workers in $STOP_SECONDS s"
     remove_run
-}
-
-producer_stat() {
-    # producer_stat FIELD...: the producer's counters from `streampack health`, as asked.
-    local status curve=()
-    mapfile -t curve < <(curve_client_flags)
-    status=$(docker exec "$RUN_ID-producer" streampack health --timeout 5 "${curve[@]}" \
-        2>/dev/null) || return 1
-    "$HOST_PYTHON" -c '
-import json, sys
-stats = json.loads(sys.argv[1])["stats"]
-print(" ".join(str(stats.get(name, 0)) for name in sys.argv[2:]))' "$status" "$@"
 }
 
 STAT=""
@@ -625,7 +615,8 @@ e2e_run_kill() {
     total=$(json_field "$result" batches)
     [[ $total -gt $KILLED_AT ]] \
         || fail "run 2: the kill came after the last batch ($KILLED_AT of $total)"
-    read -r lost reissued <<<"$(producer_stat workers_lost windows_reissued)"
+    read -r lost reissued <<<"$(producer_metric \
+        streampack_workers_lost_total streampack_windows_reissued_total)"
     log "run 2: producer lost $lost worker(s) and reissued $reissued window(s)"
     [[ $lost -ge 1 && $reissued -ge 1 ]] \
         || fail "run 2: the killed worker held no window (lost $lost, reissued $reissued)"
