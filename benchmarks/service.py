@@ -41,9 +41,8 @@ sys.path.insert(0, str(ROOT))
 os.environ["NUMBA_NUM_THREADS"] = "1"
 os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
 
-from streampack.service.health import check  # noqa: E402
-
 import streampack as sp  # noqa: E402
+from streampack.service.health import check  # noqa: E402
 
 CAPACITY, ROWS_PER_BATCH, VOCAB = 2048, 16, 50_000
 

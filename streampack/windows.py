@@ -36,8 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from streampack.corpus.long_documents import split_ranges
+from streampack.corpus.mixture import MixtureReader
+from streampack.corpus.order import MixtureOrder, buffered_shuffle, corpus_permutation, epoch_rng
 from streampack.corpus.reader import RandomAccessReader, Reader, Record, SequentialReader
-from streampack.mixture import EpochOrder, MixtureReader, buffered_shuffle, split_ranges
 from streampack.wire import token_dtype
 
 REASONS = (
@@ -135,15 +137,6 @@ class Window:
         }
 
 
-def _rng(seed: int, epoch: int) -> np.random.Generator:
-    return np.random.default_rng([seed, epoch, 0x5EED])
-
-
-def permutation(num_documents: int, seed: int, epoch: int) -> np.ndarray:
-    """The document order of a shuffled epoch: a function of (seed, epoch) only."""
-    return _rng(seed, epoch).permutation(num_documents).astype(np.int64, copy=False)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CutSpec:
     """The settings that decide windows and screening (a subset of ProducerSettings)."""
@@ -175,7 +168,7 @@ def _cut(lengths: np.ndarray, spec: CutSpec) -> int:
 
 def _window_lengths(
     source: RandomAccessReader,
-    order: np.ndarray | EpochOrder | None,
+    order: np.ndarray | MixtureOrder | None,
     position: int,
     end: int,
     window_tokens: int,
@@ -213,9 +206,9 @@ def _random_access_windows(
     source: RandomAccessReader, epoch: int, spec: CutSpec, start_window: int
 ) -> Iterator[Window]:
     if isinstance(source, MixtureReader):
-        order: np.ndarray | EpochOrder | None = source.epoch_order(epoch, spec.shuffle, spec.seed)
+        order: np.ndarray | MixtureOrder | None = source.epoch_order(epoch, spec.shuffle, spec.seed)
     else:
-        order = permutation(source.num_documents, spec.seed, epoch) if spec.shuffle else None
+        order = corpus_permutation(source.num_documents, spec.seed, epoch) if spec.shuffle else None
     n = source.num_documents if order is None else len(order)
     position = 0
     index = 0
@@ -254,7 +247,7 @@ def _random_access_windows(
 
 def _shuffled(records: Iterator[Record], spec: CutSpec, epoch: int) -> Iterator[Record]:
     """A bounded shuffle buffer: emit a uniformly chosen held record per new record."""
-    return buffered_shuffle(records, spec.shuffle_buffer, _rng(spec.seed, epoch))
+    return buffered_shuffle(records, spec.shuffle_buffer, epoch_rng(spec.seed, epoch))
 
 
 def _sequential_windows(
@@ -321,7 +314,7 @@ def _mixture_fields(source: Reader, ids: np.ndarray) -> dict[str, Any]:
     """The per-document source index and long-document policy ``_screen`` takes."""
     if isinstance(source, MixtureReader):
         return {"source_index": source.source_index(ids), "split": source.splits(ids)}
-    return {"split": getattr(source, "long_documents", "quarantine") == "split"}
+    return {"split": source.splits(ids)}
 
 
 def _screen(

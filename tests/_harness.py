@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from _service import FIXTURE, SMALL
-from streampack.service.coordinator import Coordinator
-from streampack.service.worker import pack_config_from_wire
 
 from streampack import wire
 from streampack.corpus import open_corpus
 from streampack.packing import plan_ranges
+from streampack.service.coordinator import Coordinator
+from streampack.service.worker import pack_config_from_wire
 from streampack.settings import ProducerSettings
 
 

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -180,9 +181,8 @@ def result(proc: subprocess.Popen, timeout: float = 180.0) -> dict[str, Any]:
 
 def expected(corpus: Path | str, rank: int, world_size: int, **settings: Any) -> dict[str, Any]:
     """What ``streampack digest`` computes in process, as a dict."""
-    from streampack.service.digest import rank_stream
-
     from streampack.client import StreamDigest
+    from streampack.service.digest import rank_stream
     from streampack.settings import ProducerSettings
 
     merged = {"corpus": str(corpus), **SMALL, **settings}
@@ -215,3 +215,39 @@ def children(pid: int) -> list[int]:
         text = (task / "children").read_text().split()
         out += [int(x) for x in text]
     return out
+
+
+# A CURVE key pair whose public key begins with "-" (as about 1 in 80 generated ones
+# does), which argparse would take for an option.
+DASH_PUBLIC = "-z)z%!.TLg{UBXP=eSA#zOgud5^#7q[5jJ6DZF{+"
+DASH_SECRET = "nlFllhaPVF!B/p7cH[lMRtBs^8VMd>.J.FXdZ>+!"
+
+
+def drain(endpoint, rank, world_size, out, **kwargs):
+    from streampack.client import BatchStream
+
+    with BatchStream(endpoint, rank=rank, world_size=world_size, timeout=120, **kwargs) as s:
+        out.extend((s.current, batch) for batch in s)
+
+
+def drain_ranks(endpoint, world_size):
+    """Every rank drained concurrently (threads, real sockets): {rank: [(cursor, batch)]}."""
+    received = {rank: [] for rank in range(world_size)}
+    threads = [
+        threading.Thread(target=drain, args=(endpoint, rank, world_size, items))
+        for rank, items in received.items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    return received
+
+
+def stream_digest(items):
+    from streampack.client import StreamDigest
+
+    digest = StreamDigest()
+    for (epoch, index), batch in items:
+        digest.update(batch, epoch, index)
+    return digest.hexdigest(), digest.batches

@@ -5,12 +5,10 @@ The cut of a corpus into windows lives in :mod:`streampack.windows`.
 """
 
 from streampack.corpus.manifest import (
-    FORMATS,
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
     binding_spec,
     open_corpus,
-    open_source,
     read_manifest,
 )
 from streampack.corpus.reader import (
@@ -20,6 +18,7 @@ from streampack.corpus.reader import (
     Record,
     SequentialReader,
 )
+from streampack.corpus.sources import FORMATS, open_source
 
 __all__ = [
     "FORMATS",

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from streampack.corpus.files import regular_file
-from streampack.corpus.reader import BindingSpec, Record
+from streampack.corpus.reader import BindingSpec, Record, SingleSource
 from streampack.errors import InvalidConfig
 
 
-class JsonlSource:
+class JsonlSource(SingleSource):
     """JSON Lines files in manifest order; sequential (shuffles use a bounded buffer)."""
 
     random_access = False

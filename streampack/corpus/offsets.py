@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from streampack.corpus.reader import BindingSpec
+from streampack.corpus.reader import BindingSpec, SingleSource
 from streampack.errors import InvalidConfig
 
 # Integer dtypes whose every value fits in int32: gathered into int32, not int64.
@@ -58,7 +58,7 @@ def check_offsets(offsets: Any, num_tokens: int, where: str, *, from_zero: bool 
             )
 
 
-class OffsetsReader:
+class OffsetsReader(SingleSource):
     """Documents of several parts, addressed by source id across them in order;
     random access, so shuffles are full permutations."""
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from streampack.corpus.arrow import import_pyarrow, token_list_type
 from streampack.corpus.files import regular_file
-from streampack.corpus.reader import BindingSpec, Record
+from streampack.corpus.reader import BindingSpec, Record, SingleSource
 from streampack.errors import InvalidConfig
 
 
@@ -30,7 +30,7 @@ def _open(pq: Any, pa: Any, path: Path) -> Any:
         ) from None
 
 
-class ParquetSource:
+class ParquetSource(SingleSource):
     """Parquet files in manifest order; sequential."""
 
     random_access = False

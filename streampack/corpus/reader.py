@@ -55,6 +55,20 @@ class Record:
     location: str  # where a person finds it, e.g. "docs.jsonl:17"
 
 
+class SingleSource:
+    """What every reader of one source shares: its long-document policy.
+
+    ``long_documents`` is ``"quarantine"`` (the default) or ``"split"``; ``open_source``
+    sets it from the source's manifest entry.
+    """
+
+    long_documents: str = "quarantine"
+
+    def splits(self, ids: np.ndarray) -> np.ndarray:
+        """bool per document: whether one too long for a row is cut into ranges."""
+        return np.full(len(ids), self.long_documents == "split", bool)
+
+
 @runtime_checkable
 class RandomAccessReader(Protocol):
     """Documents addressed by source id; every document is selected whole."""
@@ -77,6 +91,11 @@ class RandomAccessReader(Protocol):
         """Where a person finds document ``source_id``, e.g. ``"shard-000#17"``."""
         ...
 
+    def splits(self, ids: np.ndarray) -> np.ndarray:
+        """bool per document ``ids``: cut into ranges when too long for a row (its
+        source's ``long_documents = "split"``), rather than quarantined."""
+        ...
+
 
 @runtime_checkable
 class SequentialReader(Protocol):
@@ -88,6 +107,10 @@ class SequentialReader(Protocol):
 
     def records(self) -> Iterator[Record]:
         """Every document in corpus order, source ids 0, 1, 2, ..."""
+        ...
+
+    def splits(self, ids: np.ndarray) -> np.ndarray:
+        """As :meth:`RandomAccessReader.splits`."""
         ...
 
 

@@ -106,7 +106,7 @@ def plan_forward(starts, valid, heads, tile_q, n_bins):  # pragma: no cover - co
                 count += heads
     task_rh = np.empty(count, np.int64)
     task_q0 = np.empty(count, np.int64)
-    cost = np.empty(count, np.float64)
+    task_cost = np.empty(count, np.float64)
     i = 0
     for r in range(rows):
         for h in range(heads):
@@ -114,9 +114,9 @@ def plan_forward(starts, valid, heads, tile_q, n_bins):  # pragma: no cover - co
                 if tile_cost[r, t] > 0:
                     task_rh[i] = r * heads + h
                     task_q0[i] = t * tile_q
-                    cost[i] = tile_cost[r, t]
+                    task_cost[i] = tile_cost[r, t]
                     i += 1
-    order, offsets = _deal(cost, n_bins)
+    order, offsets = _deal(task_cost, n_bins)
     return task_rh, task_q0, order, offsets
 
 
@@ -165,14 +165,14 @@ def plan_backward(starts, valid, heads, tile_q, n_bins):  # pragma: no cover - c
     task_rh = np.empty(count, np.int64)
     task_lo = np.empty(count, np.int64)
     task_hi = np.empty(count, np.int64)
-    cost = np.empty(count, np.float64)
+    task_cost = np.empty(count, np.float64)
     i = 0
     for t in range(n_chunks):
         for h in range(heads):
             task_rh[i] = chunk_row[t] * heads + h
             task_lo[i] = chunk_lo[t]
             task_hi[i] = chunk_hi[t]
-            cost[i] = chunk_cost[t]
+            task_cost[i] = chunk_cost[t]
             i += 1
-    order, offsets = _deal(cost, n_bins)
+    order, offsets = _deal(task_cost, n_bins)
     return task_rh, task_lo, task_hi, order, offsets

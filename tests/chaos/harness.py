@@ -200,9 +200,9 @@ _ORACLES: dict[tuple[Any, ...], list[list[tuple[int, int, str]]]] = {}
 
 def oracle(settings: dict[str, Any], world_size: int) -> list[list[tuple[int, int, str]]]:
     """Per rank, the (epoch, index, per-batch digest) list ``streampack digest`` computes."""
-    from streampack.service.digest import rank_stream
     from trainer import batch_digest
 
+    from streampack.service.digest import rank_stream
     from streampack.settings import ProducerSettings
 
     shaping = ProducerSettings(

@@ -1,7 +1,7 @@
 """The audit on a real GPU: packed execution on the CUDA kernels equals separate execution.
 
 Collected only with ``STREAMPACK_CUDA_DEVICE=1`` (``make test-gpu``), where the kernels
-are compiled for the machine's GPU; under the simulator ``tests/test_decoder_cuda_sim.py``
+are compiled for the machine's GPU; under the simulator ``tests/attention/test_decoder_cuda_sim.py``
 runs the same comparison in a fresh interpreter.
 """
 

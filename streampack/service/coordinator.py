@@ -1,0 +1,455 @@
+"""The producer's decisions, without sockets: messages in, messages out.
+
+``Coordinator`` ties the parts together and is the only place that trusts nothing::
+
+    worker frames ──▶ on_worker ──▶ WorkerRegistry (who holds what, credit, deadlines)
+                                    plan_check     (exactly the contract's plan)
+                                    Pipeline       (cut, in flight, assemble in order)
+    consumer frames ─▶ on_consumer ─▶ Delivery     (ready, pending, tail, rewind)
+    tick(now)       ──▶ heartbeats, window deadlines, consumer expiry
+    pump(now)       ──▶ hand windows to workers with credit
+
+It sends through two callables (``send_worker``, ``send_consumer``) that return
+False when a peer cannot be reached; ``producer.py`` binds them to ZeroMQ
+sockets, unit tests to lists. Every rule of the trust model (docs/service.md, "Trust
+model") that concerns a message is enforced here:
+
+- a message is decoded within limits, or rejected, counted and answered ``error``;
+  an ``error`` message is never answered (two peers can never ping-pong errors);
+- a worker may speak only about windows it holds: ``packed``/``failed`` for any other
+  window is rejected and counted (or, for a window taken back from it, dropped as
+  stale); every number it reports is range-checked before it touches a counter;
+- a plan is accepted only when it is exactly the contract's plan of the window;
+  anything else is refused and counted, and the window goes to another worker;
+- a credit offer above ``MAX_CREDIT`` is clamped (counted), never answered with an
+  error; an unproven worker holds one window at a time;
+- every window handed out has a deadline (``window_timeout``); a worker that misses
+  one is dropped and its windows go elsewhere;
+- peer text (error strings, audit notes) reaches the log only through ``repr``, so it
+  cannot forge a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+from .. import wire
+from ..batch import OCCURRENCE_DTYPE, CompactBatch
+from ..config import PackConfig
+from ..errors import ProtocolError
+from ..settings import ProducerSettings
+from ..windows import CutSpec
+from .counters import ProducerCounters, check_reported
+from .delivery import Delivery, Send
+from .pipeline import Assembled, EpochTotal, Pipeline
+from .plan_check import check_plan
+from .registry import MAX_CREDIT, WorkerRegistry
+
+logger = logging.getLogger(__name__)
+
+#: Largest credit a ``ready``/``heartbeat`` may state before it is refused as garbage
+#: (values up to it are clamped to ``MAX_CREDIT``).
+MAX_STATED_CREDIT = 1 << 31
+#: Longest a worker may claim to have spent on one window (seconds).
+MAX_PACK_SECONDS = 1e6
+
+
+def receive_limit(settings: ProducerSettings, plan_bytes: int = 0) -> int:
+    """The largest message a producer can legitimately receive: a window's plans (one
+    occurrence record and at most one batch size per document; ``plan_bytes`` for the
+    largest window handed out, which a split long document can make larger) plus a
+    header, never more than ``max_message_bytes``."""
+    per_document = OCCURRENCE_DTYPE.itemsize + 8
+    plans = max(settings.window_documents * per_document, plan_bytes)
+    return min(settings.max_message_bytes, wire.DEFAULT_LIMITS.max_header_bytes + plans)
+
+
+def pack_config(settings: ProducerSettings) -> PackConfig:
+    """The packing configuration of the stream (what workers get with each window)."""
+    return settings.pack_config()
+
+
+def config_to_wire(config: PackConfig) -> dict[str, Any]:
+    return {
+        "capacity": config.capacity,
+        "max_rows_per_batch": config.max_rows_per_batch,
+        "max_cells": config.max_cells,
+        "max_metadata_bytes": config.max_metadata_bytes,
+        "policy": config.policy,
+        "open_rows": config.open_rows,
+    }
+
+
+class Coordinator:
+    """The producer's state machine (see module docstring). Plain Python."""
+
+    def __init__(
+        self,
+        settings: ProducerSettings,
+        source: Any,
+        *,
+        send_worker: Send,
+        send_consumer: Send,
+        quarantine_file: IO[str] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.counters = ProducerCounters()
+        self.log = log or logger.info
+        # What a peer did wrong, or lost work: a warning (the same callable when injected).
+        self.warn = log or logger.warning
+        self.send_worker = send_worker
+        self.send_consumer = send_consumer
+        self.quarantine_file = quarantine_file
+        self.binding = source.binding.to_binding()
+        self.binding_wire = wire.binding_to_wire(self.binding)
+        self.config = pack_config(settings)
+        self.config_wire = config_to_wire(self.config)
+        limit = receive_limit(settings)
+        self.limits = wire.WireLimits(max_frame_bytes=limit, max_message_bytes=limit)
+        self.registry = WorkerRegistry(
+            heartbeat_timeout=settings.heartbeat_timeout, window_timeout=settings.window_timeout
+        )
+        self.pipeline = Pipeline(
+            source,
+            CutSpec.from_settings(settings),
+            self.config,
+            self.binding,
+            epochs=settings.epochs,
+            window_budget_bytes=settings.window_budget_bytes,
+            quarantine=self._quarantine,
+            counters=self.counters,
+        )
+        self.delivery = Delivery(
+            tail=settings.tail,
+            reorder_budget_bytes=settings.reorder_budget_bytes,
+            consumer_timeout=settings.consumer_timeout,
+            send=send_consumer,
+            counters=self.counters,
+            binding_wire=self.binding_wire,
+            filler=CompactBatch.filler_like(
+                self.binding, settings.max_rows_per_batch, settings.capacity, settings.policy
+            ),
+            epoch_live=self.pipeline.epoch_live,
+            total=self.pipeline.totals.get,
+            numbered=self.pipeline.numbered,
+        )
+        self.started = False  # nothing is cut before the first fetch says where to start
+        self.metrics: Any = None  # service.metrics.ProducerMetrics, while metrics are served
+        self._clamp_logged: set[bytes] = set()
+        self._budget_warned = False  # the reorder budget cannot hold a drop tail's group
+
+    # -- workers -------------------------------------------------------------------
+
+    def on_worker(self, identity: bytes, frames: Sequence[Any], now: float) -> None:
+        """One message from the worker endpoint."""
+        self.delivery.now = now
+        if self.registry.is_dropped(identity, now):
+            self.counters.add("rejected_worker")  # it missed a deadline: ignored a while
+            return
+        try:
+            message = wire.decode(frames, self.limits)
+            self._worker_message(identity, message, now)
+        except ProtocolError as exc:
+            self.counters.add("rejected_worker")
+            self.warn(f"producer: rejected a message from worker {identity.hex()}: {exc}")
+            self.send_worker(identity, "error", {"message": str(exc)[:1000]}, None)
+
+    def _worker_message(self, identity: bytes, message: wire.Message, now: float) -> None:
+        kind, fields = message.kind, message.fields
+        if kind == "error":  # our message was refused; answering would start a ping-pong
+            self.counters.add("peer_errors")
+            self.warn(
+                f"producer: worker {identity.hex()} refused a message: {fields['message'][:500]!r}"
+            )
+            return
+        if kind in ("ready", "heartbeat"):
+            stated = fields["credit"] if kind == "ready" else fields["free"]
+            check_reported("credit" if kind == "ready" else "free", stated, MAX_STATED_CREDIT)
+            if kind == "ready" and stated == 0:
+                raise ProtocolError("credit 0: a ready message offers at least 1 window")
+            known = self.registry.get(identity) is not None
+            worker = self.registry.register(identity, now)
+            if worker is None:
+                raise ProtocolError(
+                    f"this producer already serves {len(self.registry)} workers; try again later"
+                )
+            if not known:
+                self.counters.add("workers_joined")
+            worker.needs_tokens = fields["needs_tokens"]
+            if kind == "ready" or not known:  # a heartbeat re-registers after a restart
+                if not self.registry.offer(worker, stated):
+                    self.counters.add("credit_clamped")
+                    if identity not in self._clamp_logged and len(self._clamp_logged) < 1024:
+                        self._clamp_logged.add(identity)
+                        self.warn(
+                            f"producer: worker {identity.hex()} offered credit {stated}; "
+                            f"a worker holds at most {MAX_CREDIT} windows (clamped)"
+                        )
+            return
+        if kind not in ("packed", "failed"):
+            raise ProtocolError(f"{kind!r} is not a worker message")
+        worker = self.registry.get(identity)
+        if worker is not None:
+            worker.last_seen = now
+        key = (fields["epoch"], fields["window"])
+        if kind == "packed":
+            for name in ("audited", "audit_failures"):
+                check_reported(name, fields[name], 1 << 31)
+            check_reported("seconds", fields["seconds"], MAX_PACK_SECONDS)
+        held = self.registry.answer(identity, key)
+        if held == "stale":
+            self.counters.add("stale_dropped")
+            return
+        state = self.pipeline.inflight.get(key)
+        if held == "foreign" or state is None or state.holder != identity:
+            raise ProtocolError(
+                f"window {key} was not given to this worker (or was "
+                f"answered already); a worker may only answer its windows"
+            )
+        assert worker is not None  # it held the window
+        blamed = worker.proven and held == "oldest"  # see registry: what a loss may count
+        if kind == "failed":
+            self.counters.add("windows_failed_by_worker")
+            self.warn(
+                f"producer: worker {identity.hex()} failed window {key}: "
+                f"{fields['error'][:500]!r}; the contract plans it, so it goes elsewhere"
+            )
+            self.pipeline.release(key, loss=blamed, why=f"reported {fields['error'][:200]!r}")
+            self._assemble()
+            return
+        batches = state.plan.batches
+        if not fields["audited"] <= batches or not fields["audit_failures"] <= fields["audited"]:
+            self.pipeline.release(key, loss=False, why="out-of-range audit counts")
+            raise ProtocolError(
+                f"audited={fields['audited']} audit_failures="
+                f"{fields['audit_failures']}: need audit_failures <= audited "
+                f"<= {batches} (the window's batches)"
+            )
+        try:
+            check_plan(
+                key,
+                state.plan,
+                self.config.capacity,
+                message.arrays["occurrences"],
+                message.arrays["batch_sizes"],
+                fields["capacity"],
+            )
+        except ProtocolError:
+            self.counters.add("plans_refused")
+            self.pipeline.release(key, loss=False, why="refused plan")
+            raise
+        worker.completed += 1
+        self.counters.add("audited", fields["audited"])
+        self.counters.add("audit_failures", fields["audit_failures"])
+        self.counters.pack_seconds += fields["seconds"]
+        if self.metrics is not None:
+            self.metrics.observe_pack(fields["seconds"])
+        if fields["audit_error"]:
+            self.counters.last_audit_error = fields["audit_error"][:500]
+            self.warn(f"producer: audit failures in window {key}: {fields['audit_error'][:1000]!r}")
+        self.counters.add("batches_received", self.pipeline.accept(key))
+        self.counters.peak("reorder_bytes_peak", self.reorder_bytes)
+        self._assemble()
+
+    # -- consumers -----------------------------------------------------------------
+
+    def on_consumer(self, identity: bytes, frames: Sequence[Any], now: float) -> None:
+        """One message from the consumer endpoint."""
+        self.delivery.now = now
+        if self.metrics is not None and self.delivery.on_answer is None:
+            self.delivery.on_answer = self.metrics.observe_serve
+        try:
+            message = wire.decode(frames, self.limits)
+            if message.kind == "health":
+                self.send_consumer(
+                    identity, "status", {"serving": True, "stats": self.stats()}, None
+                )
+                return
+            if message.kind == "error":
+                self.counters.add("peer_errors")
+                self.warn(
+                    f"producer: consumer {identity.hex()} refused a message: "
+                    f"{message.fields['message'][:500]!r}"
+                )
+                return
+            if message.kind != "fetch":
+                raise ProtocolError(
+                    f"a producer's consumer endpoint accepts 'fetch' and "
+                    f"'health', not {message.kind!r}"
+                )
+            rewind_to = self.delivery.fetch(
+                identity, message.fields, now, self.pipeline.assembly_point
+            )
+        except ProtocolError as exc:
+            self.counters.add("rejected_consumer")
+            self.warn(f"producer: rejected a message from consumer {identity.hex()}: {exc}")
+            self.send_consumer(identity, "error", {"message": str(exc)[:1000]}, None)
+            return
+        if not self.started:
+            self.started = True
+            first = (message.fields["epoch"], message.fields["index"])
+            if first > (0, 0) and self.pipeline.epoch_live(first[0]):
+                rewind_to = first  # a fresh producer starts where its first consumer is
+        if rewind_to is not None:
+            self.rewind(rewind_to)
+
+    def rewind(self, key: tuple[int, int]) -> None:
+        """Replay from the window holding batch ``key`` (see pipeline, delivery)."""
+        base, taken = self.pipeline.rewind(*key)
+        for identity, window in taken:
+            self.registry.take_back(identity, window)
+        self.delivery.drop_from((key[0], base))
+        self.counters.add("rewinds")
+        self.log(f"producer: replaying from epoch {key[0]} batch {base} (asked for batch {key[1]})")
+
+    # -- time and flow -------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Heartbeats, window deadlines, consumer expiry."""
+        self.delivery.now = now
+        for identity in self.registry.silent(now):
+            self.counters.add("workers_lost")
+            held, blamed = self.registry.forget(identity)
+            self.warn(
+                f"producer: worker {identity.hex()} silent for more than "
+                f"{self.settings.heartbeat_timeout}s; reissuing {len(held)} window(s)"
+            )
+            self._release_all(held, blamed, "silent")
+        for identity, key in self.registry.overdue(now):
+            if self.registry.get(identity) is None:
+                continue  # dropped with an earlier overdue window of the same worker
+            self.counters.add("windows_overdue")
+            self.counters.add("workers_dropped")
+            held, blamed = self.registry.drop(identity, now, self.settings.window_timeout)
+            self.warn(
+                f"producer: worker {identity.hex()} missed the deadline of window {key} "
+                f"({self.settings.window_timeout}s); dropped, reissuing {len(held)} "
+                f"window(s)"
+            )
+            self._release_all(held, blamed, "missed its deadline")
+        self.delivery.expire(now)
+
+    def _release_all(
+        self, held: list[tuple[int, int]], blamed: tuple[int, int] | None, why: str
+    ) -> None:
+        for key in held:
+            self.pipeline.release(key, loss=key == blamed, why=why)
+        self._assemble()
+
+    def pump(self, now: float) -> None:
+        """Hand windows to workers with credit: reissues first, then new cuts."""
+        workers = self.registry.with_capacity()
+        alone = len(self.registry) == 1
+        for identity, worker in workers:
+            while worker.capacity > 0:
+                state = self.pipeline.next_reissue(identity, alone)
+                if state is not None:
+                    self.counters.add("windows_reissued")
+                else:
+                    if not self.started or not self._room_to_cut():
+                        return
+                    state = self.pipeline.cut()
+                    if state is None:  # an epoch's end: it may be whole now
+                        self._assemble()
+                        if self.pipeline.epoch_live(self.pipeline.cut_epoch):
+                            continue
+                        return
+                    self.counters.add("windows_cut")
+                    self.counters.peak("window_bytes_peak", self.pipeline.window_bytes)
+                    if state.batches is not None:  # empty, or quarantined whole
+                        self._assemble()
+                        continue
+                    self._fit_limits(state.plan.occurrences.nbytes + 8 * state.plan.batches)
+                key = (state.window.epoch, state.window.index)
+                if not self._send_window(identity, state.window, worker.needs_tokens):
+                    self.registry.forget(identity)
+                    self.pipeline.release(key, loss=False, why="unreachable")
+                    break
+                self.pipeline.hand_to(state, identity)
+                self.registry.give(identity, key, now)
+                self.counters.add("windows_issued")
+
+    def _room_to_cut(self) -> bool:
+        budget = self.settings.reorder_budget_bytes
+        if self.pipeline.may_cut(self.delivery.ready_bytes, budget):
+            return True
+        if (
+            self.pipeline.received_bytes + self.delivery.ready_bytes >= budget
+            and self.delivery.waits_ahead(self.pipeline.assembly_point)
+        ):
+            # Someone waits for a batch not cut yet: the buffer must not block it.
+            self.delivery.make_room(budget - self.pipeline.received_bytes)
+            # What is left is asked for. Batches a drop tail holds back wait for the ones
+            # that complete their group: up to one budget of them does not count (see
+            # delivery), or a budget below W batches would wedge every rank.
+            held = self.delivery.held_for_share()
+            if self.pipeline.may_cut(self.delivery.ready_bytes - min(held, budget), budget):
+                return True
+            if held and not self._budget_warned:
+                self._budget_warned = True
+                self.warn(
+                    f"producer: reorder_budget_bytes = {budget} is too small for the "
+                    f"{held} bytes of batches a drop tail holds back until their groups "
+                    f"of world_size batches are complete; ranks wait. Raise "
+                    f"reorder_budget_bytes above {held}, or use tail = 'fill'"
+                )
+        return False
+
+    def _fit_limits(self, plan_bytes: int) -> None:
+        """Receive limits that admit the plans of every window handed out (they only grow)."""
+        limit = receive_limit(self.settings, plan_bytes)
+        if limit > self.limits.max_message_bytes:
+            self.limits = wire.WireLimits(max_frame_bytes=limit, max_message_bytes=limit)
+
+    def _send_window(self, identity: bytes, window: Any, with_tokens: bool) -> bool:
+        arrays = window.arrays()
+        if not with_tokens:  # planning needs the ranges only: half the bytes stay here
+            arrays["tokens"] = arrays["tokens"][:0]
+        fields = {
+            "epoch": window.epoch,
+            "window": window.index,
+            "binding": self.binding_wire,
+            "config": self.config_wire,
+            "with_tokens": with_tokens,
+        }
+        return self.send_worker(identity, "window", fields, arrays)
+
+    def _assemble(self) -> None:
+        for event in self.pipeline.assemble():
+            if isinstance(event, Assembled):
+                self.delivery.on_batch(event)
+            elif isinstance(event, EpochTotal):
+                self.delivery.on_total(event.epoch)
+        self.delivery.after_assembly()
+
+    def _quarantine(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self.counters.quarantine(record["reason"])
+            if self.quarantine_file is not None:
+                self.quarantine_file.write(json.dumps(record) + "\n")
+        if records and self.quarantine_file is not None:
+            self.quarantine_file.flush()
+
+    # -- status --------------------------------------------------------------------
+
+    @property
+    def reorder_bytes(self) -> int:
+        return self.pipeline.received_bytes + self.delivery.ready_bytes
+
+    def stats(self) -> dict[str, Any]:
+        """Counters plus the current sizes of every table (what ``health`` reports)."""
+        return (
+            self.counters.as_dict()
+            | self.delivery.stats()
+            | {
+                "workers": len(self.registry),
+                "windows_in_flight": len(self.pipeline.inflight),
+                "window_bytes": self.pipeline.window_bytes,
+                "reorder_bytes": self.reorder_bytes,
+                "epoch": self.pipeline.asm_epoch,
+            }
+        )

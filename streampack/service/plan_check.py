@@ -1,0 +1,129 @@
+"""Checking a worker's plan against the window it was given.
+
+The producer holds the truth: the window's documents and the packing contract. So it
+computes the contract's plan itself, with the very function workers plan with
+(:func:`streampack.packing.plan_ranges`, which honours ``PackConfig``), and accepts a
+worker's answer only when it is *exactly* that plan: every occurrence record byte for
+byte and every batch size. Planning a window costs microseconds; what the workers
+save the producer is the audit and the message traffic, not the planning. A plan that
+differs in any way (not next-fit, a rewritten ``doc`` column, a shifted ordinal, a
+changed range) is refused; the stream a trainer receives can therefore only be the one
+``streampack digest`` computes.
+
+The batches are built from the producer's own plan and its own copy of the window's
+tokens, never from anything a worker sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..batch import CompactBatch
+from ..config import PackConfig
+from ..errors import InternalError, ProtocolError, StreampackError
+from ..examples import Binding
+from ..packing import plan_ranges
+from ..windows import Window
+
+
+@dataclasses.dataclass(frozen=True)
+class ContractPlan:
+    """The contract's plan of one window, or why the window cannot be packed."""
+
+    occurrences: np.ndarray  # every occurrence record, in order (row local to its batch)
+    sizes: np.ndarray  # records per batch
+    error: str = ""  # non-empty: packing this window fails by the contract (quarantine)
+
+    @property
+    def batches(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.occurrences.nbytes + self.sizes.nbytes)
+
+
+def contract_plan(window: Window, config: PackConfig) -> ContractPlan:
+    """What any correct worker answers for ``window`` (``error`` set when the contract
+    refuses the window: a budget too small, a document longer than a row)."""
+    try:
+        occurrences, sizes = plan_ranges(
+            window.offsets, window.start, window.stop, window.source_id, window.example_id, config
+        )
+    except StreampackError as exc:
+        empty = np.zeros(0, np.int64)
+        return ContractPlan(occurrences=empty, sizes=empty, error=str(exc))
+    return ContractPlan(occurrences=occurrences, sizes=sizes)
+
+
+def check_plan(
+    key: tuple[int, int],
+    expected: ContractPlan,
+    capacity: int,
+    occurrences: np.ndarray,
+    sizes: np.ndarray,
+    reported_capacity: int,
+) -> None:
+    """Raise ``ProtocolError`` unless a worker's plan is exactly ``expected``."""
+
+    def refuse(what: str) -> ProtocolError:
+        return ProtocolError(f"plans of window {key}: {what}")
+
+    if reported_capacity != capacity:
+        raise refuse(f"capacity {reported_capacity}; this producer packs capacity {capacity}")
+    if expected.error:
+        raise refuse(
+            f"the window cannot be packed by the contract ({expected.error}); no plan is accepted"
+        )
+    if sizes.shape != expected.sizes.shape or not np.array_equal(sizes, expected.sizes):
+        raise refuse(
+            f"batch sizes {sizes.tolist()[:8]} are not the contract's {expected.sizes.tolist()[:8]}"
+        )
+    if occurrences.shape != expected.occurrences.shape:
+        raise refuse(
+            f"{len(occurrences)} occurrence records; the contract places "
+            f"{len(expected.occurrences)}, each of the window's documents once, in order"
+        )
+    if occurrences.tobytes() != expected.occurrences.tobytes():
+        names = expected.occurrences.dtype.names or ()
+        differ = [n for n in names if not np.array_equal(occurrences[n], expected.occurrences[n])]
+        raise refuse(f"occurrence records differ from the contract's plan in {differ}")
+
+
+def plan_batches(
+    window: Window,
+    plan: ContractPlan,
+    binding: Binding,
+    capacity: int,
+    max_rows_per_batch: int,
+    policy: str = "next_fit",
+) -> list[CompactBatch]:
+    """The compact batches of the contract's plan, tokens taken from ``window`` by the
+    records' ordinals (best-fit's are not consecutive: a later document may sit in an
+    earlier row)."""
+    batches = []
+    ends = np.cumsum(plan.sizes)
+    for first, last in zip((ends - plan.sizes).tolist(), ends.tolist()):
+        occurrences = plan.occurrences[first:last]
+        rows = int(occurrences["row"][-1]) + 1
+        if rows > max_rows_per_batch:
+            raise InternalError(
+                f"plan_ranges placed {rows} rows in one batch of window "
+                f"{(window.epoch, window.index)}; max_rows_per_batch is "
+                f"{max_rows_per_batch}"
+            )
+        ordinals = occurrences["ordinal"]
+        batches.append(
+            CompactBatch(
+                tokens=window.batch_tokens(ordinals),
+                occurrences=occurrences,
+                rows=rows,
+                capacity=capacity,
+                binding=binding,
+                sources=window.source_index[ordinals],
+                policy=policy,
+            )
+        )
+    return batches
