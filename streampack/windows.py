@@ -70,6 +70,10 @@ class Window:
     source_index: np.ndarray = None  # type: ignore[assignment]
     documents_split: int = 0  # long documents cut into ranges (long_documents = "split")
     pairs_cut: int = 0  # prediction pairs those cuts did not form
+    # uint8 0/1 per token of ``tokens``: the supervision mask (rule C5: the pair whose
+    # target is token i is loss-eligible only where mask[i] == 1); None when the corpus
+    # carries no mask, and every valid target is supervised.
+    mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.source_index is None:
@@ -88,6 +92,7 @@ class Window:
             self.tokens.nbytes
             + self.offsets.nbytes
             + self.start.nbytes * 5  # start, stop, source_id, example_id, doc
+            + (0 if self.mask is None else self.mask.nbytes)
         )
 
     def selected_tokens(self, first: int, last: int) -> np.ndarray:
