@@ -7,7 +7,10 @@ Two things, both about the simulator rather than the kernels under test:
 * its ``cuda.shared.array`` looks up "the array for this source line" and creates it
   when missing without a lock, so two threads of a block that arrive together can each
   create their own copy and no longer share it. Under load that made a correct kernel
-  give wrong results about one run in six. The lookup is repeated here under a lock.
+  give wrong results about one run in six. The lookup is repeated here under a lock,
+  keyed as the simulator keys it: the caller's (file name, line). What races and the
+  fix to offer upstream: ``tests/cudasim/test_sim_shared_arrays.py``, whose stress test
+  fails on every launch without this lock.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ def prepare_simulator() -> None:
 
     def array(self, shape, dtype, alignment=None):
         if shape == 0 or alignment is not None:  # dynamic shared memory: not per line
-            return unlocked(self, shape, dtype, alignment)
+            # (Numba's own simulator takes no alignment argument.)
+            extra = () if alignment is None else (alignment,)
+            return unlocked(self, shape, dtype, *extra)
+        # The simulator's key, traceback.extract_stack(...)[-2][0:2], is this pair.
         frame = sys._getframe(1)
         caller = (frame.f_code.co_filename, frame.f_lineno)
         with lock:
