@@ -256,7 +256,7 @@ class ProducerSettings:
         _check_int("seed", self.seed, minimum=0)
         _check_int("shuffle_buffer", self.shuffle_buffer, minimum=1)
         if self.tail not in TAIL_MODES:
-            raise InvalidConfig(f"tail = {self.tail!r}; expected one of {TAIL_MODES}")
+            raise InvalidConfig(f"tail = {self.tail!r}; expected one of {', '.join(TAIL_MODES)}")
         _check_int("window_budget_bytes", self.window_budget_bytes, minimum=1)
         _check_int("reorder_budget_bytes", self.reorder_budget_bytes, minimum=1)
         _check_int("max_message_bytes", self.max_message_bytes, minimum=4096)
@@ -266,7 +266,7 @@ class ProducerSettings:
         if self.quarantine_path is not None and not isinstance(self.quarantine_path, str):
             raise InvalidConfig(f"quarantine_path = {self.quarantine_path!r} must be a path")
         if self.policy not in POLICIES:
-            raise InvalidConfig(f"policy = {self.policy!r}; expected one of {POLICIES}")
+            raise InvalidConfig(f"policy = {self.policy!r}; expected one of {', '.join(POLICIES)}")
         if self.open_rows is not None:
             _check_int("open_rows", self.open_rows, minimum=1)
         self.pack_config()  # the packing fields together: open_rows against the policy
@@ -409,8 +409,8 @@ def build(
         unknown_tables = set(toml) - set(_SECTIONS.values())
         if unknown_tables:
             raise InvalidConfig(
-                f"unknown settings table(s) {sorted(unknown_tables)}; "
-                f"expected {sorted(_SECTIONS.values())}"
+                f"unknown settings table(s) {', '.join(sorted(unknown_tables))}; "
+                f"expected {', '.join(sorted(_SECTIONS.values()))}"
             )
         table = toml.get(section, {})
         if not isinstance(table, Mapping):
@@ -418,7 +418,8 @@ def build(
         unknown = set(table) - names
         if unknown:
             raise InvalidConfig(
-                f"unknown [{section}] setting(s) {sorted(unknown)}; accepted: {sorted(names)}"
+                f"unknown [{section}] setting(s) {', '.join(sorted(unknown))}; "
+                f"accepted: {', '.join(sorted(names))}"
             )
         values.update(table)
     for key, value in (overrides or {}).items():

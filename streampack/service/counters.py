@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ProtocolError
+from ..errors import InternalError, ProtocolError
 
 #: Ranks counted apart in ``tokens_served_by_rank`` (a peer chooses its rank: bounded).
 MAX_RANK_KEYS = 1024
@@ -71,7 +71,7 @@ class ProducerCounters:
     def add(self, name: str, amount: int = 1) -> None:
         """Add a non-negative amount the producer itself counted."""
         if amount < 0:
-            raise ValueError(f"counter {name} cannot decrease (amount {amount})")
+            raise InternalError(f"counter {name} cannot decrease (amount {amount})")
         setattr(self, name, getattr(self, name) + amount)
 
     def peak(self, name: str, value: int) -> None:
