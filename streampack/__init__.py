@@ -27,12 +27,15 @@ from .errors import (
     MetadataBudgetError,
     OversizedExample,
     ProtocolError,
+    ResumeError,
     StreampackError,
+    StreamTimeout,
 )
 
 if TYPE_CHECKING:
     from .audit import AuditReport, audit
     from .batch import NO_SEGMENT, OCCURRENCE_DTYPE, PAD_CELL, CompactBatch, CuSeqlens, PackedBatch
+    from .client import BatchStream
     from .decoder import Decoder, DecoderConfig
     from .examples import Binding, Examples
     from .kernels import range_attention, range_attention_backward
@@ -56,6 +59,7 @@ _LAZY: dict[str, str] = {
     "CompactBatch": ".batch",
     "CuSeqlens": ".batch",
     "PackedBatch": ".batch",
+    "BatchStream": ".client",
     "Decoder": ".decoder",
     "DecoderConfig": ".decoder",
     "Binding": ".examples",
@@ -109,6 +113,7 @@ __all__ = [
     "OCCURRENCE_DTYPE",
     "PAD_CELL",
     "AuditReport",
+    "BatchStream",
     "Binding",
     "BindingMismatch",
     "CapacityError",
@@ -130,6 +135,8 @@ __all__ = [
     "PackedBatch",
     "PackedEpoch",
     "ProtocolError",
+    "ResumeError",
+    "StreamTimeout",
     "StreampackError",
     "audit",
     "document_mean",

@@ -49,7 +49,7 @@ import zmq
 
 from streampack import wire
 from streampack.batch import CompactBatch, PackedBatch
-from streampack.errors import ProtocolError, StreampackError
+from streampack.errors import ProtocolError, ResumeError, StreamTimeout
 from streampack.examples import Binding
 from streampack.settings import ConsumerSettings, check_rank
 
@@ -96,10 +96,6 @@ class BatchMemory:
             blocks[self._oldest] = block
             self._oldest = (self._oldest + 1) % self._size
         return block
-
-
-class ResumeError(StreampackError, ValueError):
-    """A saved cursor this stream cannot continue from (see ``resume_cursor``)."""
 
 
 _CURSOR_KEYS = ("epoch", "index", "base", "rank", "world_size")
@@ -216,10 +212,6 @@ def resume_cursor(
         )
     ((epoch, next_base),) = counts
     return epoch, next_base, next_base + rank
-
-
-class StreamTimeout(StreampackError, TimeoutError):
-    """No answer from the producer within the client's timeout."""
 
 
 class StreamDigest:

@@ -55,3 +55,11 @@ class InternalError(StreampackError, RuntimeError):
 
 class InvalidCoordinate(StreampackError, IndexError):
     """A (row, query, key) coordinate lies outside the batch it addresses."""
+
+
+class ResumeError(StreampackError, ValueError):
+    """A saved cursor a stream cannot continue from (see ``streampack.client.resume_cursor``)."""
+
+
+class StreamTimeout(StreampackError, TimeoutError):
+    """No answer from the producer within a ``BatchStream``'s timeout."""
