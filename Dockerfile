@@ -60,7 +60,7 @@ EXPOSE 5555 5556
 # consumer container sets STREAMPACK_HEALTH_ENDPOINT to its producer's consumer endpoint,
 # and STREAMPACK_CURVE_SERVER_KEY to the producer's public key when it uses CURVE.
 HEALTHCHECK --interval=15s --timeout=10s --start-period=60s --retries=3 \
-    CMD ["/bin/sh", "-c", "set -- --endpoint \"$STREAMPACK_HEALTH_ENDPOINT\" --timeout 5; if [ -n \"$STREAMPACK_CURVE_SERVER_KEY\" ]; then set -- \"$@\" --curve-server-key \"$STREAMPACK_CURVE_SERVER_KEY\"; fi; exec streampack health \"$@\""]
+    CMD ["/bin/sh", "-c", "set -- --connect \"$STREAMPACK_HEALTH_ENDPOINT\" --timeout 5; if [ -n \"$STREAMPACK_CURVE_SERVER_KEY\" ]; then set -- \"$@\" --curve-server-key \"$STREAMPACK_CURVE_SERVER_KEY\"; fi; exec streampack health \"$@\""]
 
 # Exec form: streampack is PID 1 and receives SIGTERM itself (every role handles it).
 ENTRYPOINT ["streampack"]

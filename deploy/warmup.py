@@ -111,7 +111,7 @@ def main() -> int:
                 "1",
                 "--quiet",
             )
-            status = _streampack("health", "--endpoint", consumers, "--timeout", "30")
+            status = _streampack("health", "--connect", consumers, "--timeout", "30")
         finally:
             serve.send_signal(signal.SIGTERM)
             try:

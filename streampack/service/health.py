@@ -3,6 +3,11 @@
 Sends one ``health`` message to the producer's consumer endpoint and waits for its
 ``status`` answer, which carries the producer's counters; they are printed as JSON.
 Suitable for container health checks: it never hangs longer than ``--timeout``.
+
+A health probe is a client of the consumer endpoint, so it takes a consumer's
+settings: ``--connect``, ``--curve-server-key`` and ``--max-message-bytes``, from
+``--config``'s ``[consumer]`` table or the flags. Its ``--timeout`` is its own (a
+probe answers in seconds; a consumer's ``timeout`` waits for batches).
 """
 
 from __future__ import annotations
@@ -15,26 +20,36 @@ import zmq
 from .. import wire
 from ..errors import ProtocolError
 from ..settings import (
-    FIELD_ENV,
+    ConsumerSettings,
+    add_flags,
     check_curve_key,
     check_endpoint,
     check_number,
-    env_default,
+    from_args,
 )
 
+#: The consumer settings a probe uses; the others (prefetch, prefetch_bytes and the
+#: batch timeout) have no meaning for one message.
+_UNUSED = ("prefetch", "prefetch_bytes", "timeout")
 
-def check(endpoint: str, timeout: float, curve_server_key: str | None = None) -> dict | None:
+
+def check(
+    endpoint: str,
+    timeout: float,
+    curve_server_key: str | None = None,
+    max_message_bytes: int = ConsumerSettings.max_message_bytes,
+) -> dict | None:
     """The producer's status, or None when it does not answer in time."""
-    check_endpoint("endpoint", endpoint)
+    check_endpoint("connect", endpoint)
     check_number("timeout", timeout, minimum=0, inclusive=False)  # never wait forever
     check_curve_key("curve_server_key", curve_server_key)
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     try:
-        wire.configure_socket(socket, 1 << 24)
+        wire.configure_socket(socket, max_message_bytes)
         if curve_server_key:
             wire.curve_client(socket, curve_server_key)
-        wire.attach(socket, endpoint, field="endpoint", bind=False)
+        wire.attach(socket, endpoint, field="connect", bind=False)
         socket.send_multipart(wire.encode("health", {}), copy=False)
         if not socket.poll(int(timeout * 1000), zmq.POLLIN):
             return None
@@ -48,25 +63,23 @@ def check(endpoint: str, timeout: float, curve_server_key: str | None = None) ->
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--endpoint",
-        default="tcp://127.0.0.1:5556",
-        help="the producer's consumer endpoint (default: tcp://127.0.0.1:5556)",
-    )
+    parser.add_argument("--config", help="TOML settings file; its [consumer] table is read")
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
     )
-    parser.add_argument(
-        "--curve-server-key",
-        default=env_default("curve_server_key"),
-        help="the producer's Z85 CURVE public key, when it uses CURVE (or "
-        f"the environment variable {FIELD_ENV['curve_server_key']})",
-    )
+    add_flags(parser, ConsumerSettings, skip=_UNUSED)
+    # The flag's name before it was --connect, as consume and worker call it: existing
+    # probes (HEALTHCHECKs, manifests) keep working.
+    parser.add_argument("--endpoint", dest="connect", help=argparse.SUPPRESS)
 
 
 def main(args: argparse.Namespace) -> int:
+    overrides = {**vars(args), "timeout": None}  # --timeout is the probe's, not a consumer's
+    settings = from_args(ConsumerSettings, argparse.Namespace(**overrides))
     try:
-        status = check(args.endpoint, args.timeout, args.curve_server_key)
+        status = check(
+            settings.connect, args.timeout, settings.curve_server_key, settings.max_message_bytes
+        )
     except ProtocolError as exc:
         print(json.dumps({"serving": False, "error": str(exc)}), flush=True)
         return 1

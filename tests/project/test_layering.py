@@ -284,7 +284,7 @@ def test_the_help_of_one_subcommand_works_without_the_others(tmp_path):
         text=True,
         timeout=120,
     )
-    assert out.returncode == 0 and "--endpoint" in out.stdout
+    assert out.returncode == 0 and "--connect" in out.stdout
     out = subprocess.run(
         [sys.executable, "-m", "streampack.cli", "no-such-command"],
         cwd=ROOT,

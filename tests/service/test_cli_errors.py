@@ -77,7 +77,7 @@ CASES = [
         for name, flag, field, extra in [
             ("produce", "--worker-endpoint", "worker_endpoint", ["--corpus", "{fixture}"]),
             ("worker", "--connect", "connect", []),
-            ("health", "--endpoint", "endpoint", []),
+            ("health", "--connect", "connect", []),
             ("consume", "--connect", "connect", []),
         ]
     ],
@@ -91,7 +91,7 @@ CASES = [
         for name, flag, field, extra in [
             ("produce", "--consumer-endpoint", "consumer_endpoint", ["--corpus", "{fixture}"]),
             ("worker", "--connect", "connect", []),
-            ("health", "--endpoint", "endpoint", []),
+            ("health", "--connect", "connect", []),
         ]
     ],
     (
@@ -102,9 +102,28 @@ CASES = [
     ),
     (
         "health-no-scheme",
-        ["health", "--endpoint", "127.0.0.1:5556"],
-        r"streampack health: error: endpoint = '127\.0\.0\.1:5556' is not a ZeroMQ endpoint "
+        ["health", "--connect", "127.0.0.1:5556"],
+        r"streampack health: error: connect = '127\.0\.0\.1:5556' is not a ZeroMQ endpoint "
         rf"\(it has no tcp://, ipc:// or inproc:// scheme\); {ENDPOINT_FORMS}",
+    ),
+    *[
+        (
+            f"health-{name}",
+            ["health", *args],
+            r"streampack health: error: connect = '127\.0\.0\.1:5556' is not a ZeroMQ endpoint "
+            rf"\(it has no tcp://, ipc:// or inproc:// scheme\); {ENDPOINT_FORMS}",
+        )
+        for name, args in [
+            # The [consumer] table of --config, as consume reads it.
+            ("reads-its-config", ["--config", "{tmp}/c.toml"]),
+            # The flag's old name still gives connect.
+            ("old-flag-name", ["--endpoint", "127.0.0.1:5556"]),
+        ]
+    ],
+    (
+        "health-message-limit-from-config",
+        ["health", "--config", "{tmp}/small.toml"],
+        r"streampack health: error: max_message_bytes = 100 must be an integer >= 4096",
     ),
     (
         "produce-quarantine-in-missing-directory",
@@ -296,6 +315,8 @@ def test_a_user_mistake_ends_in_one_line(tmp_path, busy_port, args, line):
     (tmp_path / "odd.json").write_text('{"epoch": 0, "index": 1}')
     (tmp_path / "bad.key").write_text(NOT_Z85 + "\n")
     (tmp_path / "w.toml").write_text("[worker]\nprefetch = 0\n")
+    (tmp_path / "c.toml").write_text('[consumer]\nconnect = "127.0.0.1:5556"\n')
+    (tmp_path / "small.toml").write_text("[consumer]\nmax_message_bytes = 100\n")
     with pysocket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
@@ -390,7 +411,7 @@ def test_a_key_beginning_with_a_dash_is_a_value_not_an_option():
     run = subprocess.run(
         command(
             "health",
-            "--endpoint",
+            "--connect",
             f"tcp://127.0.0.1:{_free_port()}",
             "--timeout",
             "0.2",

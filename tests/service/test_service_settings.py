@@ -131,7 +131,7 @@ def test_digest_command_prints_the_in_process_stream(tmp_path):
 
 
 def test_health_exits_1_when_no_producer_answers():
-    out = run("health", "--endpoint", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.3")
+    out = run("health", "--connect", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.3")
     assert out.returncode == 1
     assert json.loads(out.stdout)["serving"] is False
 
