@@ -35,7 +35,9 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  of all the window's batches: records in
                                                  order, records per batch; the producer
                                                  takes the tokens from its own window)
-    failed     W->P  epoch window error          packing raised; the window is quarantined
+    failed     W->P  epoch window error          packing raised; the window goes to another
+                                                 worker (quarantined once MAX_LOSSES proven
+                                                 workers lost it: service/registry.py)
     fetch      C->P  rank world_size epoch index count base
                                                  ask for global batches `index`, `index +
                                                  world_size`, ... (`count` of them) of `epoch`;
