@@ -352,25 +352,3 @@ def check_compact(occurrences, tokens, rows, capacity, vocab_size):  # pragma: n
             if not 0 <= tokens[j] < vocab_size:
                 return COMPACT_VOCABULARY, j
     return COMPACT_OK, 0
-
-
-@njit(cache=True)
-def plan_matches_window(
-    occurrences, start, stop, window_source_id, window_example_id
-):  # pragma: no cover - compiled
-    """True when occurrence ``i`` is the window's document ``ordinal`` — same range,
-    same identities — for every ``i``, and ordinals index the window. (Records whole,
-    not field views: see :func:`fill_compact`.)"""
-    for i in range(occurrences.shape[0]):
-        record = occurrences[i]
-        d = record.ordinal
-        if not 0 <= d < start.shape[0]:
-            return False
-        if (
-            record.range_start != start[d]
-            or record.range_stop != stop[d]
-            or record.source_id != window_source_id[d]
-            or record.example_id != window_example_id[d]
-        ):
-            return False
-    return True
