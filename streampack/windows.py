@@ -39,7 +39,13 @@ import numpy as np
 from streampack.corpus.long_documents import split_ranges
 from streampack.corpus.mixture import MixtureReader
 from streampack.corpus.order import MixtureOrder, buffered_shuffle, corpus_permutation, epoch_rng
-from streampack.corpus.reader import RandomAccessReader, Reader, Record, SequentialReader
+from streampack.corpus.reader import (
+    WRONG_DTYPE_DETAIL,
+    RandomAccessReader,
+    Reader,
+    Record,
+    SequentialReader,
+)
 from streampack.wire import token_dtype
 
 REASONS = (
@@ -241,7 +247,7 @@ def _random_access_windows(
                 source_ids=ids,
                 example_ids=ids,
                 premarked=[
-                    (i, "wrong_dtype", "stored tokens are not of an accepted integer dtype")
+                    (i, "wrong_dtype", WRONG_DTYPE_DETAIL)
                     for i in np.flatnonzero(~dtype_ok).tolist()
                 ],
                 locate=source.location,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from streampack.corpus.order import MixtureOrder, buffered_shuffle, source_permutation, source_rng
-from streampack.corpus.reader import Record
+from streampack.corpus.reader import WRONG_DTYPE_DETAIL, Record
 from streampack.corpus.schedule import Schedule, check_stopping, integer_weights
 from streampack.corpus.sources import open_source
 from streampack.errors import InvalidConfig
@@ -132,7 +132,7 @@ class MixtureReader:
             stop=int(lengths[0]),
             example_id=i,
             reason="wrong_dtype" if bad else None,
-            detail="stored tokens are not of an accepted integer dtype" if bad else "",
+            detail=WRONG_DTYPE_DETAIL if bad else "",
             location=reader.location(i),
         )
 

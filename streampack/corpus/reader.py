@@ -22,6 +22,9 @@ import numpy as np
 
 from streampack.examples import Binding
 
+#: Why a document whose ``gather`` flag is False is quarantined (reason ``wrong_dtype``).
+WRONG_DTYPE_DETAIL = "stored tokens are not of an accepted integer dtype"
+
 
 @dataclasses.dataclass(frozen=True)
 class BindingSpec:
