@@ -29,9 +29,8 @@ def documents(count: int = 70, seed: int = 0) -> list[list[int]]:
 
 
 def manifest(root: Path, **entry: object) -> Path:
-    (root / "manifest.json").write_text(
-        json.dumps({"format": "streampack-corpus", "version": 1, "binding": BINDING, **entry})
-    )
+    """``root/manifest.json`` holding ``corpus_manifest(**entry)``; returns ``root``."""
+    (root / "manifest.json").write_text(json.dumps(corpus_manifest(**entry)))
     return root
 
 
@@ -134,3 +133,21 @@ WRITERS = {
     "arrow_file": write_arrow_file,
     "megatron": write_megatron,
 }
+
+
+# Token shards (the format most tests use) and the manifest every corpus has.
+
+
+def corpus_manifest(**entry: object) -> dict:
+    """A manifest: the format's header, ``BINDING`` (unless ``binding=`` is given), ``entry``."""
+    return {"format": "streampack-corpus", "version": 1, "binding": BINDING, **entry}
+
+
+def write_shard(root: Path, name: str, docs: list, dtype: type = np.int32) -> str:
+    """Token shard ``name``: ``name.tokens.npy`` (the documents concatenated, as
+    ``dtype``) and ``name.offsets.npy`` (their int64 bounds). Returns ``name``."""
+    tokens = np.concatenate([np.asarray(d) for d in docs]) if docs else np.zeros(0)
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    np.save(root / f"{name}.tokens.npy", tokens.astype(dtype))
+    np.save(root / f"{name}.offsets.npy", offsets)
+    return name

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _formats import corpus_manifest, manifest, write_shard
 
 from streampack import InvalidConfig
 from streampack.corpus import open_corpus
@@ -19,30 +20,17 @@ BINDING = {"vocab_size": 50, "tokenizer": "t", "split_receipt": "r", "partition"
 
 def write_shards(root: Path, shards: list[list[list[int]]], dtypes=None) -> Path:
     """A token-shard corpus with the given documents per shard."""
-    names = []
-    for index, docs in enumerate(shards):
-        name = f"s{index}"
-        dtype = (dtypes or {}).get(index, np.int32)
-        offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
-        tokens = np.array([t for d in docs for t in d], dtype=dtype)
-        np.save(root / f"{name}.tokens.npy", tokens)
-        np.save(root / f"{name}.offsets.npy", offsets)
-        names.append(name)
-    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": names}
-    (root / "manifest.json").write_text(json.dumps(manifest))
-    return root
+    names = [
+        write_shard(root, f"s{index}", docs, (dtypes or {}).get(index, np.int32))
+        for index, docs in enumerate(shards)
+    ]
+    return manifest(root, binding=BINDING, shards=names)
 
 
 def write_jsonl(root: Path, lines: list[str]) -> Path:
     (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    manifest = {
-        "format": "streampack-corpus",
-        "version": 1,
-        "binding": BINDING,
-        "jsonl": ["docs.jsonl"],
-    }
     path = root / "jsonl.json"
-    path.write_text(json.dumps(manifest))
+    path.write_text(json.dumps(corpus_manifest(binding=BINDING, jsonl=["docs.jsonl"])))
     return path
 
 
@@ -184,24 +172,10 @@ def test_wrong_dtype_shard_and_huge_uint32_tokens_are_quarantined(tmp_path):
         ({"format": "other"}, "expected 'streampack-corpus'"),
         ({"format": "streampack-corpus", "version": 9}, "version 9"),
         ({"format": "streampack-corpus", "version": 1, "binding": {"vocab_size": 3}}, "binding"),
-        ({"format": "streampack-corpus", "version": 1, "binding": BINDING}, "exactly one of"),
-        (
-            {"format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": []},
-            "non-empty list",
-        ),
-        (
-            {"format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": ["x"]},
-            "shard 'x' tokens .* does not exist",
-        ),
-        (
-            {
-                "format": "streampack-corpus",
-                "version": 1,
-                "binding": dict(BINDING, partition="dev"),
-                "shards": ["x"],
-            },
-            "partition",
-        ),
+        (corpus_manifest(binding=BINDING), "exactly one of"),
+        (corpus_manifest(binding=BINDING, shards=[]), "non-empty list"),
+        (corpus_manifest(binding=BINDING, shards=["x"]), "shard 'x' tokens .* does not exist"),
+        (corpus_manifest(binding=dict(BINDING, partition="dev"), shards=["x"]), "partition"),
     ],
 )
 def test_bad_manifests_are_config_errors(tmp_path, manifest, match):
@@ -337,8 +311,7 @@ def test_manifest_names_may_not_leave_the_corpus_directory(tmp_path, name):
     write_shards(tmp_path, [[doc(3)]])  # a real shard one level up
     (tmp_path / "outside.jsonl").write_text(json.dumps({"tokens": doc(3)}) + "\n")
     for key, entry in (("shards", name), ("jsonl", name + ".jsonl")):
-        manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING, key: [entry]}
-        (corpus / "manifest.json").write_text(json.dumps(manifest))
+        manifest(corpus, binding=BINDING, **{key: [entry]})
         with pytest.raises(InvalidConfig, match="absolute path|leads outside the corpus"):
             open_corpus(corpus)
 
@@ -347,13 +320,7 @@ def test_names_outside_the_directory_open_when_allowed(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     write_shards(tmp_path, [[doc(3), doc(4)]])
-    manifest = {
-        "format": "streampack-corpus",
-        "version": 1,
-        "binding": BINDING,
-        "shards": [str(tmp_path / "s0")],
-    }
-    (corpus / "manifest.json").write_text(json.dumps(manifest))
+    manifest(corpus, binding=BINDING, shards=[str(tmp_path / "s0")])
     assert open_corpus(corpus, allow_outside=True).num_documents == 2
 
 
@@ -362,13 +329,7 @@ def test_a_symlink_leading_out_is_refused(tmp_path):
     corpus.mkdir()
     (tmp_path / "secret.jsonl").write_text(json.dumps({"tokens": doc(3)}) + "\n")
     (corpus / "docs.jsonl").symlink_to(tmp_path / "secret.jsonl")
-    manifest = {
-        "format": "streampack-corpus",
-        "version": 1,
-        "binding": BINDING,
-        "jsonl": ["docs.jsonl"],
-    }
-    (corpus / "manifest.json").write_text(json.dumps(manifest))
+    manifest(corpus, binding=BINDING, jsonl=["docs.jsonl"])
     with pytest.raises(InvalidConfig, match="leads outside the corpus"):
         open_corpus(corpus)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _formats import WRITERS, documents, manifest
+from _formats import WRITERS, documents, manifest, write_shard
 from _service import ROOT, env
 
 from streampack import BindingMismatch
@@ -212,10 +212,7 @@ def test_inspect_reports_every_format(tmp_path, fmt):
     docs = documents(40)
     docs[7] = [1]  # too short: reported, left out of the figures
     if fmt == "shards":
-        tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
-        np.save(tmp_path / "s.tokens.npy", tokens)
-        np.save(tmp_path / "s.offsets.npy", np.cumsum([0] + [len(d) for d in docs]))
-        corpus = manifest(tmp_path, shards=["s"])
+        corpus = manifest(tmp_path, shards=[write_shard(tmp_path, "s", docs)])
     elif fmt == "jsonl":
         (tmp_path / "d.jsonl").write_text("".join(json.dumps({"tokens": d}) + "\n" for d in docs))
         corpus = manifest(tmp_path, jsonl=["d.jsonl"])

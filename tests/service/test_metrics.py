@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _formats import manifest, write_shard
 from _service import FIXTURE, Service, consume, expected, free_port, result
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -155,16 +156,7 @@ def write_corpus(root: Path) -> dict[str, int]:
                 json.dumps({"tokens": rng.integers(0, 512, int(rng.integers(2, 180))).tolist()})
             )
     (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    (root / "manifest.json").write_text(
-        json.dumps(
-            {
-                "format": "streampack-corpus",
-                "version": 1,
-                "binding": BINDING,
-                "jsonl": ["docs.jsonl"],
-            }
-        )
-    )
+    manifest(root, binding=BINDING, jsonl=["docs.jsonl"])
     return dict(reasons)
 
 
@@ -378,20 +370,11 @@ def test_per_source_counters_agree_with_what_a_mixture_delivered(tmp_path):
     rng = np.random.default_rng(3)
     for name, low, count in (("a", 2, 30), ("b", 200, 12)):
         docs = [rng.integers(low, low + 198, size=int(n)) for n in rng.integers(5, 60, count)]
-        np.save(tmp_path / f"{name}.tokens.npy", np.concatenate(docs).astype(np.int32))
-        np.save(
-            tmp_path / f"{name}.offsets.npy",
-            np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64),
-        )
-    (tmp_path / "manifest.json").write_text(
-        json.dumps(
-            {
-                "format": "streampack-corpus",
-                "version": 1,
-                "binding": BINDING,
-                "sources": [{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}],
-            }
-        )
+        write_shard(tmp_path, name, docs)
+    manifest(
+        tmp_path,
+        binding=BINDING,
+        sources=[{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}],
     )
     port = free_port()
     tokens, documents = collections.Counter(), collections.Counter()

@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from _formats import manifest, write_shard
 from _service import Service, consume, expected, result
 
 from streampack.client import BatchStream
@@ -22,13 +23,6 @@ from streampack.windows import CutSpec, iter_windows
 BINDING = {"vocab_size": 512, "tokenizer": "test", "split_receipt": "mix", "partition": "train"}
 SHAPE = {"capacity": 64, "max_rows_per_batch": 4, "window_documents": 8, "window_tokens": 300}
 MIXED = {"shuffle": True, "seed": 7, "epochs": 1}
-
-
-def write_shard(root, name, documents):
-    tokens = np.concatenate(documents).astype(np.int32)
-    offsets = np.concatenate([[0], np.cumsum([len(d) for d in documents])]).astype(np.int64)
-    np.save(root / f"{name}.tokens.npy", tokens)
-    np.save(root / f"{name}.offsets.npy", offsets)
 
 
 def documents(rng, count, low_token, lengths):
@@ -46,14 +40,12 @@ def mixture(tmp_path_factory):
     a, b = documents(rng, 30, 2, (5, 60)), documents(rng, 20, 200, (5, 60))
     write_shard(root, "a", a)
     write_shard(root, "b", b)
-    manifest = {
-        "format": "streampack-corpus",
-        "version": 1,
-        "binding": BINDING,
-        "sources": [{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}],
-        "stopping": "first_exhausted",
-    }
-    (root / "manifest.json").write_text(json.dumps(manifest))
+    manifest(
+        root,
+        binding=BINDING,
+        sources=[{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}],
+        stopping="first_exhausted",
+    )
     return {"path": root, "a": a, "b": b}
 
 
@@ -163,17 +155,7 @@ def long_corpus(tmp_path_factory):
     rng = np.random.default_rng(1)
     docs = [rng.integers(2, 500, size=n) for n in [10, 192, 30, 192, 65, 66, 192, 12]]
     write_shard(root, "docs", docs)
-    (root / "manifest.json").write_text(
-        json.dumps(
-            {
-                "format": "streampack-corpus",
-                "version": 1,
-                "binding": BINDING,
-                "shards": ["docs"],
-                "long_documents": "split",
-            }
-        )
-    )
+    manifest(root, binding=BINDING, shards=["docs"], long_documents="split")
     return {"path": root, "docs": docs}
 
 
@@ -265,16 +247,11 @@ def test_a_mixture_with_a_json_lines_source_follows_the_schedule(mixture, tmp_pa
     (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
     for suffix in (".tokens.npy", ".offsets.npy"):
         (tmp_path / f"a{suffix}").write_bytes((mixture["path"] / f"a{suffix}").read_bytes())
-    (tmp_path / "manifest.json").write_text(
-        json.dumps(
-            {
-                "format": "streampack-corpus",
-                "version": 1,
-                "binding": BINDING,
-                "sources": [{"weight": 2, "shards": ["a"]}, {"weight": 1, "jsonl": ["b.jsonl"]}],
-                "stopping": "all_exhausted",
-            }
-        )
+    manifest(
+        tmp_path,
+        binding=BINDING,
+        sources=[{"weight": 2, "shards": ["a"]}, {"weight": 1, "jsonl": ["b.jsonl"]}],
+        stopping="all_exhausted",
     )
     reader, got = visited(tmp_path, shuffle=shuffle, seed=3)
     assert not reader.random_access and reader.sizes == [30, 20]

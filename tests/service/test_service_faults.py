@@ -17,6 +17,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from _formats import manifest, write_shard
 from _service import (
     FIXTURE,
     Service,
@@ -62,13 +63,7 @@ def write_bad_corpus(root: Path) -> tuple[Path, dict[int, str], int]:
             n = int(rng.integers(2, 200))
             lines.append(json.dumps({"tokens": rng.integers(0, 512, n).tolist()}))
     (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    manifest = {
-        "format": "streampack-corpus",
-        "version": 1,
-        "binding": BINDING,
-        "jsonl": ["docs.jsonl"],
-    }
-    (root / "manifest.json").write_text(json.dumps(manifest))
+    manifest(root, jsonl=["docs.jsonl"])
     return root, bad, 64
 
 
@@ -370,12 +365,9 @@ def test_a_worker_killed_under_serve_is_restarted():
 def write_big_corpus(root: Path, tokens: int) -> Path:
     rng = np.random.default_rng(9)
     lengths = rng.integers(16, 513, size=tokens // 264)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    np.save(root / "big.tokens.npy", rng.integers(0, 512, int(offsets[-1])).astype(np.uint16))
-    np.save(root / "big.offsets.npy", offsets)
-    manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING, "shards": ["big"]}
-    (root / "manifest.json").write_text(json.dumps(manifest))
-    return root
+    tokens = rng.integers(0, 512, int(lengths.sum()))
+    write_shard(root, "big", np.split(tokens, np.cumsum(lengths)[:-1]), np.uint16)
+    return manifest(root, shards=["big"])
 
 
 def test_memory_stays_within_budgets_with_a_slow_consumer(tmp_path):
@@ -458,16 +450,7 @@ def test_a_corpus_with_nothing_packable_ends_an_unbounded_stream(tmp_path):
     """Every document bad and epochs = 0: the stream ends (no busy loop), all quarantined."""
     lines = ['{"tokens": [1]}', "not json", '{"tokens": [1, 2, 9999]}']
     (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    (tmp_path / "manifest.json").write_text(
-        json.dumps(
-            {
-                "format": "streampack-corpus",
-                "version": 1,
-                "binding": BINDING,
-                "jsonl": ["docs.jsonl"],
-            }
-        )
-    )
+    manifest(tmp_path, jsonl=["docs.jsonl"])
     with Service(tmp_path, serve_workers=1, epochs=0) as service:
         out = result(consume(service.consumer_endpoint, 0, 1))
         counters = service.stats()
