@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
@@ -131,14 +132,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    check_number("--workers", args.workers, minimum=1, integer=True)
-    check_number("--audit-every", args.audit_every, minimum=0, integer=True)
-    corpus = find_corpus(args.corpus)
-    worker_endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    consumer_endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    scratch = tempfile.TemporaryDirectory(prefix="streampack-demo-")
-    quarantine = Path(scratch.name) / "quarantine.jsonl"
+def _serve_command(
+    corpus: Path,
+    args: argparse.Namespace,
+    worker_endpoint: str,
+    consumer_endpoint: str,
+    quarantine: Path,
+) -> list[str]:
+    """``streampack serve`` on ``corpus`` with the demo's settings, as a command line."""
     command = [
         sys.executable,
         "-m",
@@ -159,45 +160,71 @@ def main(args: argparse.Namespace) -> int:
     ]
     for key, value in DEMO_SETTINGS.items():
         command += ["--" + key.replace("_", "-"), str(value)]
+    return command
+
+
+def _wait_until_serving(serve: subprocess.Popen, log: IO[str], consumer_endpoint: str) -> None:
+    """Return once the producer answers a health probe; raise, with serve's last line,
+    when serve exits first or does not serve within 120 s."""
+    deadline = time.monotonic() + 120
+    while check(consumer_endpoint, 1.0) is None:
+        if serve.poll() is not None or time.monotonic() > deadline:
+            log.flush()
+            # serve's last line says why (its one-line error when it refused to start).
+            said = Path(log.name).read_text().strip().splitlines() or ["no output"]
+            how = (
+                f"exited with status {serve.returncode}"
+                if serve.poll() is not None
+                else "did not serve within 120 s"
+            )
+            raise StreampackError(f"serve {how}: {said[-1]}")
+
+
+def _drain(ranks: list[_Rank], consumer_endpoint: str, quiet: bool) -> float:
+    """Run every rank in its own thread until its stream ends, with a progress line;
+    the seconds from the first batch received to the end."""
+    progress = Progress("demo", unit="batches", enabled=not quiet)
+    started = time.perf_counter()
+    threads = [threading.Thread(target=r.run, args=(consumer_endpoint,)) for r in ranks]
+    for thread in threads:
+        thread.start()
+    while not all(r.done for r in ranks):
+        time.sleep(0.25)
+        if not any(r.batches for r in ranks):
+            started = time.perf_counter()  # rate from the first batch on
+            progress.start()
+            continue
+        progress.update(
+            sum(r.batches for r in ranks),
+            sum(r.valid for r in ranks),
+            note=f"per rank {[r.batches for r in ranks]}",
+        )
+    progress.close()
+    seconds = time.perf_counter() - started
+    for thread in threads:
+        thread.join()
+    return seconds
+
+
+def _serve_and_drain(
+    corpus: Path, args: argparse.Namespace
+) -> tuple[list[_Rank], float, dict[str, Any]]:
+    """Start serve on free local ports, drain every rank, stop serve: the ranks, the
+    seconds they streamed, and the producer's counters at the end."""
+    worker_endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    consumer_endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    scratch = tempfile.TemporaryDirectory(prefix="streampack-demo-")
+    quarantine = Path(scratch.name) / "quarantine.jsonl"
+    command = _serve_command(corpus, args, worker_endpoint, consumer_endpoint, quarantine)
     logger.info("serving %s with %d workers to %d consumer ranks", corpus, args.workers, RANKS)
     log = open(quarantine.parent / "serve.log", "w")
     serve = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
     try:
-        deadline = time.monotonic() + 120
-        while check(consumer_endpoint, 1.0) is None:
-            if serve.poll() is not None or time.monotonic() > deadline:
-                log.flush()
-                # serve's last line says why (its one-line error when it refused to start).
-                said = Path(log.name).read_text().strip().splitlines() or ["no output"]
-                how = (
-                    f"exited with status {serve.returncode}"
-                    if serve.poll() is not None
-                    else "did not serve within 120 s"
-                )
-                raise StreampackError(f"serve {how}: {said[-1]}")
+        _wait_until_serving(serve, log, consumer_endpoint)
         ranks = [_Rank(r) for r in range(RANKS)]
-        progress = Progress("demo", unit="batches", enabled=not args.quiet)
-        started = time.perf_counter()
-        threads = [threading.Thread(target=r.run, args=(consumer_endpoint,)) for r in ranks]
-        for thread in threads:
-            thread.start()
-        while not all(r.done for r in ranks):
-            time.sleep(0.25)
-            if not any(r.batches for r in ranks):
-                started = time.perf_counter()  # rate from the first batch on
-                progress.start()
-                continue
-            progress.update(
-                sum(r.batches for r in ranks),
-                sum(r.valid for r in ranks),
-                note=f"per rank {[r.batches for r in ranks]}",
-            )
-        progress.close()
-        seconds = time.perf_counter() - started
-        for thread in threads:
-            thread.join()
+        seconds = _drain(ranks, consumer_endpoint, args.quiet)
         status = check(consumer_endpoint, 10.0) or {"stats": {}}
     finally:
         serve.terminate()
@@ -208,12 +235,14 @@ def main(args: argparse.Namespace) -> int:
             serve.wait()
         log.close()
         scratch.cleanup()
-    stats = status["stats"]
-    for r in ranks:
-        if r.error is not None:
-            print(f"demo: rank {r.rank} failed: {r.error!r}", flush=True)
-            return 1
+    return ranks, seconds, status["stats"]
 
+
+def _summary(
+    corpus: Path, ranks: list[_Rank], seconds: float, stats: dict[str, Any], audit_every: int
+) -> dict[str, Any]:
+    """What the ranks received against what the corpus should give: the summary's
+    figures and its three verdicts (exactly once, equal counts, audit passed)."""
     spec = CutSpec(
         capacity=int(DEMO_SETTINGS["capacity"]),
         window_documents=int(DEMO_SETTINGS["window_documents"]),
@@ -234,8 +263,8 @@ def main(args: argparse.Namespace) -> int:
     cells = sum(r.cells for r in ranks)
     valid = sum(r.valid for r in ranks)
     audited, failures = stats.get("audited", 0), stats.get("audit_failures", 0)
-    audit_ok = failures == 0 and (audited > 0 or args.audit_every == 0)
-    summary = {
+    audit_ok = failures == 0 and (audited > 0 or audit_every == 0)
+    return {
         "documents": documents,
         "selected": int(want.shape[0]),
         "quarantined": dict(reasons),
@@ -250,23 +279,32 @@ def main(args: argparse.Namespace) -> int:
         "exactly_once": bool(exactly_once),
         "equal_batches_per_rank": equal_counts,
     }
-    why = ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items()))
+
+
+def _print_summary(
+    summary: dict[str, Any], valid: int, seconds: float, stats: dict[str, Any], audit_every: int
+) -> None:
+    """The summary for a person (one figure a line), then as one JSON line."""
+    documents, selected = summary["documents"], summary["selected"]
+    audit = summary["audit"]
+    exactly_once, equal_counts = summary["exactly_once"], summary["equal_batches_per_rank"]
+    why = ", ".join(f"{reason}: {n}" for reason, n in sorted(summary["quarantined"].items()))
     print(
-        f"documents     {documents} ({want.shape[0]} selected, "
-        f"{documents - want.shape[0]} quarantined{f' - {why}' if why else ''})"
+        f"documents     {documents} ({selected} selected, "
+        f"{documents - selected} quarantined{f' - {why}' if why else ''})"
     )
-    print(f"occurrences   {got.shape[0]}   targets {summary['targets']}")
+    print(f"occurrences   {summary['occurrences']}   targets {summary['targets']}")
     print(f"batches/rank  {summary['batches_per_rank']} (fillers {summary['fillers_per_rank']})")
     print(
         f"fill ratio    {summary['fill_ratio']:.3f}   "
         f"throughput {valid / seconds / 1e6:.3f} M tokens/s over {seconds:.2f}s"
-        f"{' (workers auditing)' if args.audit_every else ''}"
+        f"{' (workers auditing)' if audit_every else ''}"
     )
     print(
-        f"audit         {audited} batches audited, {failures} failed"
-        f"{'' if audit_ok else '  <-- FAILED'}"
+        f"audit         {audit['batches']} batches audited, {audit['failures']} failed"
+        f"{'' if audit['passed'] else '  <-- FAILED'}"
     )
-    if failures:
+    if audit["failures"]:
         print(f"              {stats.get('last_audit_error', '')[:300]}")
     print(
         f"exactly once  {'yes' if exactly_once else 'NO'}: every selected (document, range) "
@@ -274,4 +312,18 @@ def main(args: argparse.Namespace) -> int:
         f"{RANKS} ranks; equal batches per rank: {'yes' if equal_counts else 'NO'}"
     )
     print(json.dumps(summary), flush=True)
-    return 0 if exactly_once and equal_counts and audit_ok else 1
+
+
+def main(args: argparse.Namespace) -> int:
+    check_number("--workers", args.workers, minimum=1, integer=True)
+    check_number("--audit-every", args.audit_every, minimum=0, integer=True)
+    corpus = find_corpus(args.corpus)
+    ranks, seconds, stats = _serve_and_drain(corpus, args)
+    for r in ranks:
+        if r.error is not None:
+            print(f"demo: rank {r.rank} failed: {r.error!r}", flush=True)
+            return 1
+    summary = _summary(corpus, ranks, seconds, stats, args.audit_every)
+    _print_summary(summary, sum(r.valid for r in ranks), seconds, stats, args.audit_every)
+    passed = summary["exactly_once"] and summary["equal_batches_per_rank"]
+    return 0 if passed and summary["audit"]["passed"] else 1
