@@ -54,7 +54,8 @@ RANKS = 2
 def find_corpus(given: str | None) -> Path:
     if given:
         return Path(given)
-    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
+    # This file is streampack/service/demo.py: the checkout is three folders up.
+    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
         candidate = base / "fixtures" / "corpus" / "manifest.json"
         if candidate.is_file():
             return candidate.parent

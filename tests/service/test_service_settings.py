@@ -150,3 +150,10 @@ def test_demo_outside_a_checkout_asks_for_corpus(tmp_path, monkeypatch):
     with pytest.raises(InvalidConfig, match="pass --corpus PATH"):
         demo.find_corpus(None)
     assert demo.find_corpus(str(FIXTURE)) == FIXTURE
+
+
+def test_demo_finds_the_checkouts_corpus_from_any_directory(tmp_path, monkeypatch):
+    from streampack.service import demo
+
+    monkeypatch.chdir(tmp_path)
+    assert demo.find_corpus(None) == FIXTURE
