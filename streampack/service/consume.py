@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -102,9 +103,10 @@ def write_atomically(path: str, text: str) -> None:
     os.replace(partial, path)
 
 
-def main(args: argparse.Namespace) -> int:
-    settings = from_args(ConsumerSettings, args)
-    # Everything the run will need at its end is checked before it drains the stream.
+def _checked_before_start(args: argparse.Namespace) -> Any:
+    """Check everything the run will need at its end before it drains the stream (the
+    flags, and that each output file can be written); the cursor ``--state-in`` holds,
+    or None."""
     check_rank(args.rank, args.world_size)
     check_number("--delay", args.delay, minimum=0)
     if args.max_batches is not None:
@@ -117,6 +119,73 @@ def main(args: argparse.Namespace) -> int:
     ):
         if path:
             check_output_path(flag, path)
+    return cursor
+
+
+def _receive(
+    stream: BatchStream,
+    args: argparse.Namespace,
+    digest: StreamDigest,
+    records: list[np.ndarray],
+    started: float,
+    stopping: Callable[[], bool],
+) -> Any:
+    """Take batches until the stream ends, ``--max-batches`` or SIGTERM (``stopping``),
+    into ``digest`` (and ``records`` with ``--record``), with a progress line; the last
+    batch when ``--save-batch`` asks for it, else None."""
+    last: Any = None
+    progress = Progress(f"rank {args.rank}", total=args.max_batches, enabled=not args.quiet)
+    progress.start()
+    while not stopping():
+        if args.max_batches is not None and digest.batches >= args.max_batches:
+            break
+        try:
+            batch = stream.next_batch()
+        except StopIteration:
+            break
+        if stream.current is None:
+            raise InternalError("BatchStream.current unset after next_batch returned")
+        epoch, index = stream.current
+        if args.digest:
+            digest.update(batch, epoch, index)
+        else:
+            digest.batches += 1
+            digest.fillers += int(batch.filler)
+            digest.tokens += int(batch.valid_lengths.sum())
+        if args.record:
+            records.append(occurrence_ids(batch))
+        if args.save_batch:
+            last = batch
+        if args.delay:
+            time.sleep(args.delay)
+        if progress.enabled:
+            blocked = stream.seconds_blocked / max(time.perf_counter() - started, 1e-9)
+            progress.update(
+                digest.batches,
+                digest.tokens,
+                note=f"epoch {epoch} batch {index}, waiting for data {blocked:.0%} of the time",
+            )
+    progress.close()
+    return last
+
+
+def _write_outputs(
+    args: argparse.Namespace, state: dict[str, int], last: Any, records: list[np.ndarray]
+) -> None:
+    """The files the flags ask for: the cursor, the last batch, the occurrence record."""
+    if args.state_out:
+        write_atomically(args.state_out, json.dumps(state))
+    if args.save_batch and last is not None:
+        from ..render import save_batch
+
+        save_batch(last, args.save_batch)
+    if args.record:
+        np.save(args.record, np.concatenate(records) if records else np.zeros((0, 3), np.int64))
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = from_args(ConsumerSettings, args)
+    cursor = _checked_before_start(args)
     stopping = False
 
     def stop(signum: int, frame: Any) -> None:
@@ -126,7 +195,6 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     digest = StreamDigest()
     records: list[np.ndarray] = []
-    last: Any = None
     with BatchStream.from_settings(settings, rank=args.rank, world_size=args.world_size) as stream:
         if cursor is not None:
             try:
@@ -136,48 +204,10 @@ def main(args: argparse.Namespace) -> int:
         # The clock starts once the stream is built (it loads its compiled expand kernel,
         # a one-off cost per process), at the first request: the rate is the stream's.
         started = time.perf_counter()
-        progress = Progress(f"rank {args.rank}", total=args.max_batches, enabled=not args.quiet)
-        progress.start()
-        while not stopping:
-            if args.max_batches is not None and digest.batches >= args.max_batches:
-                break
-            try:
-                batch = stream.next_batch()
-            except StopIteration:
-                break
-            if stream.current is None:
-                raise InternalError("BatchStream.current unset after next_batch returned")
-            epoch, index = stream.current
-            if args.digest:
-                digest.update(batch, epoch, index)
-            else:
-                digest.batches += 1
-                digest.fillers += int(batch.filler)
-                digest.tokens += int(batch.valid_lengths.sum())
-            if args.record:
-                records.append(occurrence_ids(batch))
-            if args.save_batch:
-                last = batch
-            if args.delay:
-                time.sleep(args.delay)
-            if progress.enabled:
-                blocked = stream.seconds_blocked / max(time.perf_counter() - started, 1e-9)
-                progress.update(
-                    digest.batches,
-                    digest.tokens,
-                    note=f"epoch {epoch} batch {index}, waiting for data {blocked:.0%} of the time",
-                )
-        progress.close()
+        last = _receive(stream, args, digest, records, started, lambda: stopping)
         state = stream.state_dict()
     seconds = time.perf_counter() - started
-    if args.state_out:
-        write_atomically(args.state_out, json.dumps(state))
-    if args.save_batch and last is not None:
-        from ..render import save_batch
-
-        save_batch(last, args.save_batch)
-    if args.record:
-        np.save(args.record, np.concatenate(records) if records else np.zeros((0, 3), np.int64))
+    _write_outputs(args, state, last, records)
     print(
         json.dumps(
             digest.summary(args.rank, args.world_size, state)
