@@ -21,7 +21,8 @@ typo never silently falls back to a default::
     prefetch = 4
 
 ``docs/service.md`` lists every setting with its default; ``FIELD_HELP`` below is the
-single source of those descriptions (the CLI flags reuse it).
+single source of those descriptions (the CLI flags reuse it; ``"role.field"`` keys
+where the roles' units differ).
 """
 
 from __future__ import annotations
@@ -351,8 +352,12 @@ FIELD_HELP: dict[str, str] = {
     "curve_server_key": "the producer's Z85 CURVE public key (when the producer uses CURVE)",
     "metrics_port": "serve Prometheus metrics at http://ADDRESS:PORT/metrics (unset: none)",
     "metrics_address": "address the metrics server listens on (0.0.0.0: every interface)",
-    "connect": "producer endpoint to connect to",
-    "prefetch": "windows (worker) or batches (consumer) requested ahead",
+    # One name, one concept, in each role's unit: what a client connects to, and how
+    # many of what it receives it asks for ahead.
+    "worker.connect": "the producer's worker_endpoint, to connect to",
+    "consumer.connect": "the producer's consumer_endpoint, to connect to",
+    "worker.prefetch": "windows requested ahead (the worker's credit)",
+    "consumer.prefetch": "batches requested ahead (fetches outstanding)",
     "heartbeat_interval": "seconds between worker heartbeats",
     "audit_every": "audit every N-th packed batch with streampack.audit (0: never)",
     "prefetch_bytes": "bytes of batches a consumer holds ahead",
@@ -447,7 +452,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ..
             continue
         flag = "--" + field.name.replace("_", "-")
         default = field.default
-        help_text = f"{FIELD_HELP.get(field.name, '')} (default: {default})"
+        described = FIELD_HELP.get(f"{_SECTIONS.get(cls)}.{field.name}")
+        help_text = f"{described or FIELD_HELP.get(field.name, '')} (default: {default})"
         if field.name in FIELD_ENV:
             help_text += f"; the environment variable {FIELD_ENV[field.name]} may give it"
             parser.add_argument(
