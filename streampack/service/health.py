@@ -28,8 +28,8 @@ from ..settings import (
     from_args,
 )
 
-#: The consumer settings a probe uses; the others (prefetch, prefetch_bytes and the
-#: batch timeout) have no meaning for one message.
+#: Consumer settings that mean nothing to a probe of one message (how many batches to
+#: ask for ahead, and how long to wait for a batch).
 _UNUSED = ("prefetch", "prefetch_bytes", "timeout")
 
 
