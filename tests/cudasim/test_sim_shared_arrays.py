@@ -12,7 +12,9 @@ kernel then gives wrong results or indexes garbage; a short ``sys.setswitchinter
 (which the tests set, to make ``syncthreads`` cheap) makes it more likely. The fix:
 hold a lock (as the simulator's atomics do) around the lookup and the store, or store
 with ``self._allocations.setdefault(caller, np.empty(shape, dtype))``, which is one
-atomic dict operation.
+atomic dict operation. (The same kind of race in ``swapped_cuda_module``, the swap of
+the ``cuda`` module, was fixed upstream with per-module locks, NVIDIA/numba-cuda#690;
+in 0.30.4 ``FakeCUDAShared.array`` still takes none.)
 
 The stress below widens the race window so that it always opens: during the launch
 ``np.empty`` first sleeps, which hands the interpreter to the block's other threads
