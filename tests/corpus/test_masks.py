@@ -200,12 +200,13 @@ def test_labels_that_disagree_with_the_tokens_are_quarantined(tmp_path, fmt):
     )
 
 
-def test_arrow_rows_whose_mask_is_another_length_are_quarantined(tmp_path):
+@pytest.mark.parametrize("writer", [write_hf_dataset, write_parquet])
+def test_columnar_rows_whose_mask_is_another_length_are_quarantined(tmp_path, writer):
     docs = documents(20)
     mask = masks(docs)
     mask[3] = mask[3][:-1]
     mask[17] = mask[17] + [1]
-    path = write_hf_dataset(tmp_path, docs, supervision={"completion_mask": mask})
+    path = writer(tmp_path, docs, supervision={"completion_mask": mask})
     windows = list(iter_windows(open_corpus(path), 0, SPEC))
     got = [(q["source_id"], q["reason"]) for w in windows for q in w.quarantined]
     assert got == [(3, "mask_length"), (17, "mask_length")]
@@ -507,3 +508,82 @@ def test_the_producer_counts_unsupervised_ranges_and_mask_reasons(tmp_path):
     assert stats["ranges_unsupervised"] == dropped
     assert stats["documents_split"] == sum(w.documents_split for w in windows)
     assert stats["quarantine_reasons"] == dict(reasons)
+
+
+def test_labels_mismatch_in_a_mixture_names_the_mixture_document(tmp_path):
+    """A random-access mixture gathers each source's masks apart: a bad label of
+    source 1 quarantines that document, named by its mixture source id."""
+    docs_a, docs_b = documents(10, seed=1), documents(10, seed=2)
+    mask_b = masks(docs_b)
+    wrong = labels(docs_b, mask_b)
+    wrong[6][-1] = (docs_b[6][-1] + 1) % 512
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    write_shards(a, docs_a)
+    write_hf_dataset(b, docs_b, supervision={"labels": wrong}, key="labels")
+    data = {
+        "format": "streampack-corpus",
+        "version": 1,
+        "binding": BINDING,
+        "sources": [
+            {"weight": 1, "shards": ["shard-000", "shard-001"]},
+            {"weight": 1, "arrow": ["../b/hf"], "labels": "labels"},
+        ],
+    }
+    (a / "mix.json").write_text(json.dumps(data))
+    source = open_corpus(a / "mix.json", allow_outside=True)
+    assert source.random_access and source.masked
+    windows = list(iter_windows(source, 0, SPEC))
+    (q,) = [q for w in windows for q in w.quarantined]
+    assert (q["source_id"], q["reason"]) == (10 + 6, "labels_mismatch")
+    assert q["location"] == "source 1: ../b/hf/data-00001-of-00002.arrow@0#1"
+    for w in windows:
+        for i, (k, s) in enumerate(zip(w.source_index, w.source_id, strict=True)):
+            piece = w.mask[w.offsets[i] : w.offsets[i + 1]].tolist()
+            assert piece == (mask_b[s - 10] if k == 1 else [1] * len(docs_a[s]))
+
+
+def test_a_masked_corpus_is_opened_and_cut_without_per_document_memory(tmp_path, monkeypatch):
+    """100,000 masked documents (shards, and an Arrow file with a mask column): opening
+    and cutting the first window allocates less than a copy of the masks would (300
+    kB): they stay memory-mapped, like the tokens."""
+    import tracemalloc
+
+    import pyarrow as pa
+
+    from streampack.corpus import offsets as offsets_module
+
+    monkeypatch.setattr(offsets_module, "_CHUNK", 4096)  # offsets checked in small chunks
+    count = 100_000
+    tokens = np.arange(3 * count, dtype=np.int32) % 500
+    mask = np.tile(np.array([0, 1, 1], np.uint8), count)
+    offsets = np.arange(0, 3 * count + 1, 3, dtype=np.int64)
+    np.save(tmp_path / "big.tokens.npy", tokens.astype(np.uint16))
+    np.save(tmp_path / "big.offsets.npy", offsets)
+    np.save(tmp_path / "big.mask.npy", mask)
+    table = pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), tokens),
+            "completion_mask": pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), mask),
+        }
+    )
+    with (
+        pa.OSFile(str(tmp_path / "big.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
+        writer.write_table(table)
+    del table, tokens, mask, offsets
+    spec = CutSpec(capacity=8, window_documents=64, window_tokens=200)
+    for entry in ({"shards": ["big"]}, {"arrow": ["big.arrow"], "mask": "completion_mask"}):
+        corpus = manifest(tmp_path, **entry)
+        next(iter_windows(open_corpus(corpus), 0, spec))  # imports done before measuring
+        heap = pa.total_allocated_bytes()
+        tracemalloc.start()
+        source = open_corpus(corpus)
+        window = next(iter_windows(source, 0, spec))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert source.masked and window.mask is not None and not window.quarantined
+        assert peak < 150_000, (entry, peak)
+        assert pa.total_allocated_bytes() == heap
