@@ -395,18 +395,27 @@ class _Columns:
             mask_lengths=None if self.mask_lengths is None else self.mask_lengths[keep],
         )
 
-    def supervised_targets(self) -> np.ndarray:
-        """int64 per document: marked targets of its range, ``mask[start + 1:stop]``
-        (only meaningful where its mask is its tokens' length)."""
+    def supervised(self) -> np.ndarray:
+        """bool per document: some target of its range is marked, ``mask[start + 1:stop]``
+        not all 0 (False for a range with no target, or whose mask is not its tokens'
+        length: other reasons catch those)."""
         assert self.mask is not None and self.mask_lengths is not None
-        running = np.zeros(len(self.mask) + 1, np.int64)
-        np.cumsum(self.mask != 0, out=running[1:])
         first = np.cumsum(self.mask_lengths) - self.mask_lengths
-        # A range of fewer than 2 tokens has no target (too_short catches it).
-        lo = np.minimum(first + self.starts + 1, first + self.stops)
-        hi = np.minimum(first + self.stops, len(self.mask))
-        lo = np.minimum(lo, hi)
-        return running[hi] - running[lo]
+        lo = first + self.starts + 1
+        hi = first + self.stops
+        ok = (lo < hi) & (self.stops <= self.mask_lengths)
+        out = np.zeros(len(self.starts), bool)
+        if not ok.any():
+            return out
+        # One pass over the mask: the maximum of each [lo, hi) by reduceat over the
+        # interleaved bounds (the odd results, the gaps between ranges, are unused).
+        bounds = np.empty(2 * int(ok.sum()), np.int64)
+        bounds[0::2], bounds[1::2] = lo[ok], hi[ok]
+        if bounds[-1] == len(self.mask):  # reduceat's last segment runs to the end anyway
+            bounds = bounds[:-1]
+        values = self.mask.view(np.uint8) if self.mask.dtype == np.bool_ else self.mask
+        out[ok] = np.maximum.reduceat(values, bounds)[0::2] != 0
+        return out
 
 
 def _screen(
@@ -494,9 +503,17 @@ def _screen(
         documents_split=documents_split,
         pairs_cut=pairs_cut,
         ranges_unsupervised=ranges_unsupervised,
-        # One byte per token, 0/1 (mask_values dropped the others), a fresh array.
-        mask=None if columns.mask is None else columns.mask.astype(np.uint8),
+        mask=None if columns.mask is None else _own_bytes(columns.mask),
     )
+
+
+def _own_bytes(mask: np.ndarray) -> np.ndarray:
+    """The window's mask: one byte per token, 0/1 (mask_values dropped the others), in
+    an array of its own (never a view of a memory map); one the screen or a reader
+    just built is kept as it is rather than copied again."""
+    if mask.dtype == np.uint8 and mask.flags.owndata and mask.flags.writeable:
+        return mask
+    return mask.astype(np.uint8)
 
 
 def _document_reasons(
@@ -563,7 +580,13 @@ def _mask_reasons(columns: _Columns, mark: Any) -> None:
             f"mask has {mask_lengths[i]} value(s) for {lengths[i]} tokens; one per token needed"
         ),
     )
-    if mask.dtype != np.bool_ and len(mask) and (int(mask.min()) < 0 or int(mask.max()) > 1):
+    # bool holds only 0/1; an unsigned mask (uint8, the usual) cannot go below 0.
+    signed = mask.dtype.kind == "i"
+    if (
+        mask.dtype != np.bool_
+        and len(mask)
+        and (int(mask.max()) > 1 or (signed and int(mask.min()) < 0))
+    ):
         lo, hi = _document_extremes(mask, mask_lengths)
         mark(
             "mask_values",
@@ -571,10 +594,9 @@ def _mask_reasons(columns: _Columns, mark: Any) -> None:
             lambda i: f"mask values span [{lo[i]}, {hi[i]}]; accepted: 0 and 1",
         )
     # A split document's whole range is checked here; each of its pieces after the cut.
-    supervised = columns.supervised_targets()
     mark(
         "unsupervised",
-        supervised == 0,
+        ~columns.supervised(),
         lambda i: (
             f"no target of range [{columns.starts[i]}, {columns.stops[i]}) is marked "
             f"in the mask; nothing to train on"
@@ -625,7 +647,7 @@ def _split_long(columns: _Columns, limit: int) -> tuple[_Columns, int, int]:
 def _drop_unsupervised_ranges(columns: _Columns) -> tuple[_Columns, int]:
     """Drop the ranges a split left with no supervised target; return how many. (A
     whole document without one was quarantined before the cut: only pieces go here.)"""
-    empty = columns.supervised_targets() == 0
+    empty = ~columns.supervised()
     if not empty.any():
         return columns, 0
     return columns.keep(~empty), int(empty.sum())

@@ -199,38 +199,44 @@ class OffsetsReader(SingleSource):
         documents whose labels disagree with their tokens, as
         ``(position, "labels_mismatch", detail)``. The screen checks the rest."""
         part = self._locate(ids)
-        involved = self._parts_of(part)
+        involved = self._parts_of(part).tolist()
         mask_lengths = np.empty(len(ids), np.int64)
-        pieces: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for s in involved.tolist():
+
+        def mask_offsets(s: int) -> Any:
             p = self.parts[s]
-            offsets = p.offsets if p.mask_offsets is None else p.mask_offsets
-            sel = np.flatnonzero(part == s)
-            local = ids[sel] - self._first[s]
-            if len(sel) == len(ids) and len(ids) and (np.diff(ids) == 1).all():
-                # A run of consecutive documents of one part: one slice (no copy).
-                lo = int(local[0])
-                bounds = np.asarray(offsets[lo : lo + len(ids) + 1], np.int64)
-                mask_lengths[:] = np.diff(bounds)
-                pieces[s] = (sel, p.mask[int(bounds[0]) : int(bounds[-1])])
-                continue
-            starts = np.asarray(offsets[local], np.int64)
-            lens = np.asarray(offsets[local + 1], np.int64) - starts
-            mask_lengths[sel] = lens
-            before = np.cumsum(lens) - lens
-            index = np.repeat(starts - before, lens) + np.arange(int(lens.sum()))
-            pieces[s] = (sel, np.asarray(p.mask[index]))
-        if len(pieces) == 1:
-            (mask,) = (values for _, values in pieces.values())
+            return p.offsets if p.mask_offsets is None else p.mask_offsets
+
+        if len(ids) and (np.diff(ids) == 1).all():
+            # A run of consecutive documents (corpus order): one slice of each part's
+            # mask, a view of the memory map when the run is inside one part.
+            slices = []
+            for s in involved:
+                mine = part == s
+                lo = int(ids[mine][0] - self._first[s])
+                bounds = np.asarray(mask_offsets(s)[lo : lo + int(mine.sum()) + 1], np.int64)
+                mask_lengths[mine] = np.diff(bounds)
+                slices.append(self.parts[s].mask[int(bounds[0]) : int(bounds[-1])])
+            mask = slices[0] if len(slices) == 1 else np.concatenate(slices)
         else:
-            dtypes = [values.dtype for _, values in pieces.values()]
+            pieces = []
+            for s in involved:
+                sel = np.flatnonzero(part == s)
+                local = ids[sel] - self._first[s]
+                starts = np.asarray(mask_offsets(s)[local], np.int64)
+                lens = np.asarray(mask_offsets(s)[local + 1], np.int64) - starts
+                mask_lengths[sel] = lens
+                before = np.cumsum(lens) - lens
+                index = np.repeat(starts - before, lens) + np.arange(int(lens.sum()))
+                pieces.append((sel, np.asarray(self.parts[s].mask[index])))
+            dtypes = [values.dtype for _, values in pieces]
             mask = np.empty(int(mask_lengths.sum()), np.result_type(*dtypes) if dtypes else bool)
             out_starts = np.cumsum(mask_lengths) - mask_lengths
-            for sel, values in pieces.values():
+            for sel, values in pieces:
                 lens = mask_lengths[sel]
                 before = np.cumsum(lens) - lens
-                at = np.repeat(out_starts[sel] - before, lens) + np.arange(int(lens.sum()))
-                mask[at] = values
+                mask[np.repeat(out_starts[sel] - before, lens) + np.arange(int(lens.sum()))] = (
+                    values
+                )
         if self.mask_kind == "labels":
             mask, problems = labels_to_mask(tokens, lengths, mask, mask_lengths)
             return mask, mask_lengths, problems
