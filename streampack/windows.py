@@ -405,16 +405,20 @@ class _Columns:
         hi = first + self.stops
         ok = (lo < hi) & (self.stops <= self.mask_lengths)
         out = np.zeros(len(self.starts), bool)
-        if not ok.any():
+        # Most ranges end on a marked token (a completion's EOS, an assistant's end of
+        # turn): one look per range settles those; only the others are scanned.
+        out[ok] = self.mask[hi[ok] - 1] != 0
+        rest = np.flatnonzero(ok & ~out)
+        if not len(rest):
             return out
-        # One pass over the mask: the maximum of each [lo, hi) by reduceat over the
-        # interleaved bounds (the odd results, the gaps between ranges, are unused).
-        bounds = np.empty(2 * int(ok.sum()), np.int64)
-        bounds[0::2], bounds[1::2] = lo[ok], hi[ok]
+        # The maximum of each remaining [lo, hi) by reduceat over the interleaved bounds
+        # (the odd results, the gaps between ranges, are unused).
+        bounds = np.empty(2 * len(rest), np.int64)
+        bounds[0::2], bounds[1::2] = lo[rest], hi[rest]
         if bounds[-1] == len(self.mask):  # reduceat's last segment runs to the end anyway
             bounds = bounds[:-1]
         values = self.mask.view(np.uint8) if self.mask.dtype == np.bool_ else self.mask
-        out[ok] = np.maximum.reduceat(values, bounds)[0::2] != 0
+        out[rest] = np.maximum.reduceat(values, bounds)[0::2] != 0
         return out
 
 
