@@ -302,3 +302,69 @@ def test_records_without_the_fields_are_skipped_and_counted(tmp_path):
     assert (built["documents"], built["skipped"]) == (2, 2)
     shards = sorted((tmp_path / "corpus").glob("*.mask.npy"))
     assert len(shards) == 1 and np.load(shards[0]).dtype == np.uint8
+
+
+def test_a_tokenizer_json_with_eos_gives_what_its_directory_gives(tmp_path):
+    tokenizer = make_tokenizer_dir(tmp_path / "tok")
+    build(tmp_path, PAIRS, "prompt-completion", "--tokenizer", str(tokenizer), out="dir")
+    build(
+        tmp_path,
+        PAIRS,
+        "prompt-completion",
+        "--tokenizer",
+        str(tokenizer / "tokenizer.json"),
+        "--eos",
+        "</s>",
+        out="file",
+    )
+    assert read_masked(tmp_path / "dir") == read_masked(tmp_path / "file")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "args", "match"),
+    [
+        (
+            "prompt-completion",
+            ["--tokenizer", "tok/tokenizer.json"],
+            "--format prompt-completion ends each completion with the EOS token, and "
+            "'.*tokenizer.json' names none; give --eos TOKEN",
+        ),
+        (
+            "messages",
+            ["--tokenizer", "tok/tokenizer.json"],
+            "--tokenizer '.*tokenizer.json' has no chat template; give one with "
+            "--chat-template FILE",
+        ),
+        (
+            "messages",
+            ["--tokenizer", "tok", "--chat-template", "missing.jinja"],
+            "chat template '.*missing.jinja' does not exist",
+        ),
+        (
+            "prompt-completion",
+            ["--tokenizer", "tok", "--eos", "<nope>"],
+            "--eos '<nope>' is not a token of",
+        ),
+        (
+            "text",
+            ["--tokenizer", "tok/tokenizer.json", "--chat-template", "t.jinja"],
+            "--chat-template applies to --format messages only",
+        ),
+        (
+            "messages",
+            ["--tokenizer", "nowhere"],
+            "--tokenizer '.*nowhere' is neither a tokenizer directory",
+        ),
+    ],
+)
+def test_fine_tuning_build_errors_are_one_line(tmp_path, fmt, args, match):
+    make_tokenizer_dir(tmp_path / "tok")
+    (tmp_path / "t.jinja").write_text(TEMPLATE)
+    source = tmp_path / "rows.jsonl"
+    source.write_text(json.dumps({**PAIRS[0], "messages": CONVERSATIONS[0]}) + "\n")
+    paths = {"--tokenizer", "--chat-template"}  # flags whose values are files here
+    flags = [str(tmp_path / a) if i % 2 and args[i - 1] in paths else a for i, a in enumerate(args)]
+    done = run("--from", str(source), "--out", str(tmp_path / "out"), "--format", fmt, *flags)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert re.match(r"streampack( corpus)?: error: ", last) and re.search(match, last), last
