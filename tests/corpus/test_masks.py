@@ -389,11 +389,12 @@ def test_a_split_document_with_no_marked_target_is_quarantined_whole(tmp_path):
     assert (window.documents_split, window.ranges_unsupervised) == (0, 0)
 
 
-@pytest.mark.parametrize("second", ["shards", "jsonl"])
+@pytest.mark.parametrize("second", ["shards", "jsonl", "jsonl_masked"])
 def test_a_mixture_of_masked_and_unmasked_sources_masks_every_window(tmp_path, second):
-    """The unmasked source's documents carry all ones; the masked one's its own mask."""
+    """The unmasked source's documents carry all ones; the masked ones their own masks
+    (a masked JSON Lines source is read through the mixture's sequential path)."""
     docs_a, docs_b = documents(12, seed=1), documents(12, seed=2)
-    mask_a = masks(docs_a)
+    mask_a, mask_b = masks(docs_a), masks(docs_b, seed=5)
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
@@ -401,9 +402,12 @@ def test_a_mixture_of_masked_and_unmasked_sources_masks_every_window(tmp_path, s
     if second == "shards":
         write_shards(b, docs_b)
         entry_b = {"weight": 1, "shards": ["../b/shard-000", "../b/shard-001"]}
-    else:
+    elif second == "jsonl":
         write_jsonl(b, docs_b)
         entry_b = {"weight": 1, "jsonl": ["../b/docs.jsonl"]}
+    else:
+        write_jsonl(b, docs_b, supervision=mask_b)
+        entry_b = {"weight": 1, "jsonl": ["../b/docs.jsonl"], "mask": "mask"}
     data = {
         "format": "streampack-corpus",
         "version": 1,
@@ -421,6 +425,8 @@ def test_a_mixture_of_masked_and_unmasked_sources_masks_every_window(tmp_path, s
             piece = window.mask[window.offsets[i] : window.offsets[i + 1]].tolist()
             if k == 0:
                 assert piece == mask_a[s]
+            elif second == "jsonl_masked":
+                assert piece == mask_b[s - 12]
             else:
                 assert piece == [1] * len(docs_b[s - 12])
             seen.add((int(k), int(s)))
