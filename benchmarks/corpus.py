@@ -4,9 +4,12 @@ The same documents (``clip(lognormal(5, 1), 2, 2048)`` tokens, vocabulary 32000)
 written as token shards, JSON Lines, Parquet, an Arrow IPC file and a Megatron
 ``.bin``/``.idx`` pair, then each is read whole with ``iter_windows`` — what the
 producer does per epoch — in corpus order and shuffled (a permutation for random-access
-formats, the shuffle buffer for streamed ones). Reported: tokens per second of each,
-its ratio to token shards in the same order, and that every format yielded the same
-token count. Best of ``--repeats`` rounds, formats taking turns.
+formats, the shuffle buffer for streamed ones). The ``*_masked`` rows read the same
+documents with a supervision mask (the first third of each document context, the rest
+trained): shards with ``NAME.mask.npy``, Arrow with a ``completion_mask`` column,
+Parquet with a ``labels`` column, JSON Lines with a ``mask`` field. Reported: tokens
+per second of each, its ratio to token shards in the same order, and that every format
+yielded the same token count. Best of ``--repeats`` rounds, formats taking turns.
 
     python benchmarks/corpus.py [--documents 50000] [--repeats 3] [--seed 0]
 """
@@ -83,6 +86,34 @@ def write_all(root: Path, docs: list[np.ndarray]) -> dict[str, Path]:
         )
     )
     paths["megatron"] = manifest("megatron", megatron=["m"])
+    # The same documents with masks: 0 for the first third (at least one token), then 1.
+    prompt = np.maximum(lengths // 3, 1)
+    mask = np.arange(len(flat)) - np.repeat(offsets[:-1], lengths) >= np.repeat(prompt, lengths)
+    mask = mask.astype(np.uint8)
+    np.save(root / "sm.tokens.npy", flat.astype(np.uint16))
+    np.save(root / "sm.offsets.npy", offsets)
+    np.save(root / "sm.mask.npy", mask)
+    paths["shards_masked"] = manifest("shards_masked", shards=["sm"])
+    list_offsets = pa.array(offsets.astype(np.int32))
+    masked = table.append_column(
+        "completion_mask", pa.ListArray.from_arrays(list_offsets, pa.array(mask))
+    )
+    with (
+        pa.OSFile(str(root / "dm.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, masked.schema) as writer,
+    ):
+        writer.write_table(masked, max_chunksize=1000)
+    paths["arrow_masked"] = manifest("arrow_masked", arrow=["dm.arrow"], mask="completion_mask")
+    labels = np.where(mask == 1, flat, -100).astype(np.int64)
+    labelled = table.append_column(
+        "labels", pa.ListArray.from_arrays(list_offsets, pa.array(labels))
+    )
+    pq.write_table(labelled, root / "dl.parquet", row_group_size=8192)
+    paths["parquet_masked"] = manifest("parquet_masked", parquet=["dl.parquet"], labels="labels")
+    with open(root / "dm.jsonl", "w") as handle:
+        for d, lo, hi in zip(docs, offsets[:-1], offsets[1:], strict=True):
+            handle.write(json.dumps({"tokens": d.tolist(), "mask": mask[lo:hi].tolist()}) + "\n")
+    paths["jsonl_masked"] = manifest("jsonl_masked", jsonl=["dm.jsonl"], mask="mask")
     return paths
 
 

@@ -17,9 +17,18 @@ Each window is then *screened*, vectorized: a document is quarantined with a rea
 when its range has fewer than 2 tokens (``too_short``), more than ``capacity + 1``
 tokens (``too_long``), a token outside ``[0, vocab_size)`` anywhere in the document
 (``out_of_vocabulary``), tokens that are not integers (``wrong_dtype``), an invalid
-range (``bad_range``) or a line that is not a JSON document (``malformed``). The
-surviving documents form the window's :class:`streampack.Examples`, which a worker
-packs in one ``pack_examples`` call — which can therefore never fail on a document.
+range (``bad_range``) or a line that is not a JSON document (``malformed``); in a
+masked corpus (:mod:`streampack.corpus.masks`) also a mask that is not one value per
+token (``mask_length``), holds values other than 0 and 1 (``mask_values``), labels
+that disagree with the tokens (``labels_mismatch``, found as they are read) and a
+range with no supervised target, ``mask[start + 1:stop]`` all 0 (``unsupervised``).
+Then a ``split`` source's long documents are cut into ranges, each with its slice of
+the mask, and a range left with no supervised target is dropped and counted
+(``ranges_unsupervised``). The screen's parts: :func:`_document_reasons` (which
+documents, why), :meth:`_Columns.keep`, :func:`_split_long`,
+:func:`_drop_unsupervised_ranges`. The surviving documents form the window's
+:class:`streampack.Examples`, which a worker packs in one ``pack_examples`` call —
+which can therefore never fail on a document.
 
 Memory: random-access readers are memory-mapped and only one window's tokens are
 gathered at a time; sequential readers stream. A shuffled random-access epoch holds its
@@ -55,6 +64,10 @@ REASONS = (
     "wrong_dtype",
     "bad_range",
     "malformed",
+    "mask_length",
+    "mask_values",
+    "labels_mismatch",
+    "unsupervised",
 )
 
 
@@ -76,6 +89,8 @@ class Window:
     source_index: np.ndarray = None  # type: ignore[assignment]
     documents_split: int = 0  # long documents cut into ranges (long_documents = "split")
     pairs_cut: int = 0  # prediction pairs those cuts did not form
+    # ranges of those cuts left with no supervised target (a masked corpus): dropped
+    ranges_unsupervised: int = 0
     # uint8 0/1 per token of ``tokens``: the supervision mask (rule C5: the pair whose
     # target is token i is loss-eligible only where mask[i] == 1); None when the corpus
     # carries no mask, and every valid target is supervised.
@@ -235,6 +250,15 @@ def _random_access_windows(
         position += k
         if index >= start_window:
             tokens, dtype_ok = source.gather(ids, lengths)
+            premarked = [
+                (i, "wrong_dtype", WRONG_DTYPE_DETAIL)
+                for i in np.flatnonzero(~dtype_ok).tolist()
+            ]
+            masks: dict[str, Any] = {}
+            if source.masked:
+                mask, mask_lengths, problems = source.gather_mask(ids, lengths, tokens)
+                masks = {"mask": mask, "mask_lengths": mask_lengths}
+                premarked += problems
             yield _screen(
                 epoch,
                 index,
@@ -246,11 +270,9 @@ def _random_access_windows(
                 stops=lengths.copy(),
                 source_ids=ids,
                 example_ids=ids,
-                premarked=[
-                    (i, "wrong_dtype", WRONG_DTYPE_DETAIL)
-                    for i in np.flatnonzero(~dtype_ok).tolist()
-                ],
+                premarked=premarked,
                 locate=source.location,
+                **masks,
                 **_mixture_fields(source, ids),
             )
         index += 1
@@ -283,6 +305,23 @@ def _sequential_windows(
         )
         by_id = {r.source_id: r.location for r in held}
         source_ids = np.array([r.source_id for r in held], dtype=np.int64)
+        masks: dict[str, Any] = {}
+        if source.masked:  # a document without one (an unmasked source's) is all ones
+            stored = [
+                (r.mask if r.mask is not None else np.ones(len(r.tokens), np.uint8))
+                for r in held
+                if r.tokens is not None
+            ]
+            masks = {
+                "mask": np.concatenate(stored) if stored else np.zeros(0, np.uint8),
+                "mask_lengths": np.array(
+                    [
+                        0 if r.tokens is None else len(r.tokens if r.mask is None else r.mask)
+                        for r in held
+                    ],
+                    dtype=np.int64,
+                ),
+            }
         return _screen(
             epoch,
             index,
@@ -296,6 +335,7 @@ def _sequential_windows(
             example_ids=np.array([r.example_id for r in held], dtype=np.int64),
             premarked=[(i, r.reason, r.detail) for i, r in enumerate(held) if r.reason is not None],
             locate=by_id.__getitem__,
+            **masks,
             **_mixture_fields(source, source_ids),
         )
 
@@ -328,6 +368,66 @@ def _mixture_fields(source: Reader, ids: np.ndarray) -> dict[str, Any]:
     return {"split": source.splits(ids)}
 
 
+@dataclasses.dataclass
+class _Columns:
+    """A window's documents as columns, while they are screened: ``tokens`` and
+    ``mask`` concatenated (``lengths`` and ``mask_lengths`` per document), and each
+    document's range, ids and source. ``mask`` is None for a corpus without masks."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    starts: np.ndarray
+    stops: np.ndarray
+    source_ids: np.ndarray
+    example_ids: np.ndarray
+    source_index: np.ndarray | None
+    mask: np.ndarray | None
+    mask_lengths: np.ndarray | None
+
+    def keep(self, keep: np.ndarray) -> _Columns:
+        """Only the documents where ``keep``, in order; the mask keeps their values."""
+        mask = None
+        if self.mask is not None and self.mask_lengths is not None:
+            mask = self.mask[np.repeat(keep, self.mask_lengths)]
+        return _Columns(
+            tokens=self.tokens[np.repeat(keep, self.lengths)],
+            lengths=self.lengths[keep],
+            starts=self.starts[keep],
+            stops=self.stops[keep],
+            source_ids=self.source_ids[keep],
+            example_ids=self.example_ids[keep],
+            source_index=None if self.source_index is None else self.source_index[keep],
+            mask=mask,
+            mask_lengths=None if self.mask_lengths is None else self.mask_lengths[keep],
+        )
+
+    def supervised(self) -> np.ndarray:
+        """bool per document: some target of its range is marked, ``mask[start + 1:stop]``
+        not all 0 (False for a range with no target, or whose mask is not its tokens'
+        length: other reasons catch those)."""
+        assert self.mask is not None and self.mask_lengths is not None
+        first = np.cumsum(self.mask_lengths) - self.mask_lengths
+        lo = first + self.starts + 1
+        hi = first + self.stops
+        ok = (lo < hi) & (self.stops <= self.mask_lengths)
+        out = np.zeros(len(self.starts), bool)
+        # Most ranges end on a marked token (a completion's EOS, an assistant's end of
+        # turn): one look per range settles those; only the others are scanned.
+        out[ok] = self.mask[hi[ok] - 1] != 0
+        rest = np.flatnonzero(ok & ~out)
+        if not len(rest):
+            return out
+        # The maximum of each remaining [lo, hi) by reduceat over the interleaved bounds
+        # (the odd results, the gaps between ranges, are unused).
+        bounds = np.empty(2 * len(rest), np.int64)
+        bounds[0::2], bounds[1::2] = lo[rest], hi[rest]
+        if bounds[-1] == len(self.mask):  # reduceat's last segment runs to the end anyway
+            bounds = bounds[:-1]
+        values = self.mask.view(np.uint8) if self.mask.dtype == np.bool_ else self.mask
+        out[rest] = np.maximum.reduceat(values, bounds)[0::2] != 0
+        return out
+
+
 def _screen(
     epoch: int,
     index: int,
@@ -344,47 +444,31 @@ def _screen(
     locate: Any,
     split: bool | np.ndarray = False,
     source_index: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    mask_lengths: np.ndarray | None = None,
 ) -> Window:
-    """Quarantine the bad documents of one window, vectorized; keep the rest in order.
+    """Quarantine the bad documents of one window, vectorized; keep the rest in order,
+    cut the long documents of a ``split`` source into ranges, and drop the ranges left
+    with no supervised target.
 
-    ``premarked`` lists documents already known bad as (position, reason, detail). A
-    clean window (the usual case) costs a few whole-window array operations: the
-    per-document reasons are worked out only when something is bad."""
-    span = stops - starts
-    too_short = span < 2
-    too_long = (span > capacity + 1) & ~np.asarray(split)  # the others are cut (below)
-    # Vocabulary: per-document min and max only when the window as a whole has a token
-    # outside the vocabulary.
-    out_of_vocabulary = None
-    if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        nonempty = np.flatnonzero(lengths > 0)
-        lo = np.zeros(len(lengths), dtype=np.int64)
-        hi = np.zeros(len(lengths), dtype=np.int64)
-        lo[nonempty] = np.minimum.reduceat(tokens, doc_starts[nonempty])
-        hi[nonempty] = np.maximum.reduceat(tokens, doc_starts[nonempty])
-        out_of_vocabulary = (lo < 0) | (hi >= vocab_size)
-
-    reasons: dict[int, tuple[str, str]] = {i: (reason, detail) for i, reason, detail in premarked}
-    checks = (
-        ("too_short", too_short, lambda i: f"range has {span[i]} token(s); at least 2 needed"),
-        (
-            "too_long",
-            too_long,
-            lambda i: f"range has {span[i]} tokens; at most capacity + 1 = {capacity + 1} fit",
-        ),
-        (
-            "out_of_vocabulary",
-            out_of_vocabulary,
-            lambda i: f"tokens span [{lo[i]}, {hi[i]}]; vocabulary is [0, {vocab_size})",
-        ),
+    ``premarked`` lists documents already known bad as (position, reason, detail): the
+    first reason found for a document wins, premarked ones first. ``mask`` (any integer
+    or bool dtype, documents of ``mask_lengths`` values) is the masked corpus's
+    supervision, as stored. A clean window (the usual case) costs a few whole-window
+    array operations: the per-document reasons are worked out only when something is
+    bad."""
+    columns = _Columns(
+        tokens,
+        lengths,
+        starts,
+        stops,
+        source_ids,
+        example_ids,
+        source_index,
+        mask,
+        lengths if mask is not None and mask_lengths is None else mask_lengths,
     )
-    for name, bad, describe in checks:
-        if bad is None:
-            continue
-        for i in np.flatnonzero(bad).tolist():  # first reason found wins
-            if i not in reasons:
-                reasons[i] = (name, describe(i))
+    reasons = _document_reasons(columns, vocab_size, capacity, split, premarked)
     quarantined = [
         {
             "epoch": epoch,
@@ -400,64 +484,143 @@ def _screen(
     if reasons:
         keep = np.ones(len(lengths), dtype=bool)
         keep[list(reasons)] = False
-        kept_lengths = lengths[keep]
-        tokens = tokens[np.repeat(keep, lengths)]
-        starts, stops = starts[keep], stops[keep]
-        source_ids, example_ids = source_ids[keep], example_ids[keep]
-        if source_index is not None:
-            source_index = source_index[keep]
-    else:
-        kept_lengths = lengths
-    documents_split = pairs_cut = 0
-    if len(starts) and int((stops - starts).max()) > capacity + 1:
-        (
-            tokens,
-            kept_lengths,
-            starts,
-            stops,
-            source_ids,
-            example_ids,
-            source_index,
-            documents_split,
-            pairs_cut,
-        ) = _split_long(
-            tokens, kept_lengths, starts, stops, source_ids, example_ids, source_index, capacity + 1
-        )
-    offsets = np.zeros(len(kept_lengths) + 1, np.int64)
-    np.cumsum(kept_lengths, out=offsets[1:])
+        columns = columns.keep(keep)
+    documents_split = pairs_cut = ranges_unsupervised = 0
+    if len(columns.starts) and int((columns.stops - columns.starts).max()) > capacity + 1:
+        columns, documents_split, pairs_cut = _split_long(columns, capacity + 1)
+        if columns.mask is not None:
+            columns, ranges_unsupervised = _drop_unsupervised_ranges(columns)
+    offsets = np.zeros(len(columns.lengths) + 1, np.int64)
+    np.cumsum(columns.lengths, out=offsets[1:])
     return Window(
         epoch=epoch,
         index=index,
         documents=len(lengths),
         # Always a fresh array (never a read-only view of a memory map), in the dtype
         # tokens travel in: uint16 halves every byte moved when the vocabulary fits.
-        tokens=tokens.astype(token_dtype(vocab_size)),
+        tokens=columns.tokens.astype(token_dtype(vocab_size)),
         offsets=offsets,
-        start=starts.astype(np.int64, copy=False),
-        stop=stops.astype(np.int64, copy=False),
-        source_id=source_ids.astype(np.int64, copy=False),
-        example_id=example_ids.astype(np.int64, copy=False),
+        start=columns.starts.astype(np.int64, copy=False),
+        stop=columns.stops.astype(np.int64, copy=False),
+        source_id=columns.source_ids.astype(np.int64, copy=False),
+        example_id=columns.example_ids.astype(np.int64, copy=False),
         quarantined=quarantined,
-        source_index=np.zeros(len(starts), np.int32) if source_index is None else source_index,
+        source_index=(
+            np.zeros(len(columns.starts), np.int32)
+            if columns.source_index is None
+            else columns.source_index
+        ),
         documents_split=documents_split,
         pairs_cut=pairs_cut,
+        ranges_unsupervised=ranges_unsupervised,
+        mask=None if columns.mask is None else _own_bytes(columns.mask),
     )
 
 
-def _split_long(
-    tokens: np.ndarray,
-    lengths: np.ndarray,
-    starts: np.ndarray,
-    stops: np.ndarray,
-    source_ids: np.ndarray,
-    example_ids: np.ndarray,
-    source_index: np.ndarray | None,
-    limit: int,
-) -> tuple[Any, ...]:
+def _own_bytes(mask: np.ndarray) -> np.ndarray:
+    """The window's mask: one byte per token, 0/1 (mask_values dropped the others), in
+    an array of its own (never a view of a memory map); one the screen or a reader
+    just built is kept as it is rather than copied again."""
+    if mask.dtype == np.uint8 and mask.flags.owndata and mask.flags.writeable:
+        return mask
+    return mask.astype(np.uint8)
+
+
+def _document_reasons(
+    columns: _Columns,
+    vocab_size: int,
+    capacity: int,
+    split: bool | np.ndarray,
+    premarked: list[tuple[int, str, str]],
+) -> dict[int, tuple[str, str]]:
+    """position -> (reason, detail) of each document quarantined: the premarked ones,
+    then the first of the checks below that a document fails, in their order."""
+    lengths, tokens = columns.lengths, columns.tokens
+    span = columns.stops - columns.starts
+    reasons: dict[int, tuple[str, str]] = {}
+    for i, reason, detail in premarked:
+        reasons.setdefault(i, (reason, detail))
+
+    def mark(name: str, bad: np.ndarray, describe: Any) -> None:
+        for i in np.flatnonzero(bad).tolist():
+            if i not in reasons:
+                reasons[i] = (name, describe(i))
+
+    mark("too_short", span < 2, lambda i: f"range has {span[i]} token(s); at least 2 needed")
+    mark(
+        "too_long",
+        (span > capacity + 1) & ~np.asarray(split),  # the others are cut (_split_long)
+        lambda i: f"range has {span[i]} tokens; at most capacity + 1 = {capacity + 1} fit",
+    )
+    # Vocabulary: per-document min and max only when the window as a whole has a token
+    # outside the vocabulary.
+    if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        lo, hi = _document_extremes(tokens, lengths)
+        mark(
+            "out_of_vocabulary",
+            (lo < 0) | (hi >= vocab_size),
+            lambda i: f"tokens span [{lo[i]}, {hi[i]}]; vocabulary is [0, {vocab_size})",
+        )
+    if columns.mask is not None:
+        _mask_reasons(columns, mark)
+    return reasons
+
+
+def _document_extremes(values: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 (min, max) of each document's values (0, 0 for an empty one)."""
+    doc_starts = (np.cumsum(lengths) - lengths).astype(np.int64)
+    nonempty = np.flatnonzero(lengths > 0)
+    lo = np.zeros(len(lengths), dtype=np.int64)
+    hi = np.zeros(len(lengths), dtype=np.int64)
+    lo[nonempty] = np.minimum.reduceat(values, doc_starts[nonempty])
+    hi[nonempty] = np.maximum.reduceat(values, doc_starts[nonempty])
+    return lo, hi
+
+
+def _mask_reasons(columns: _Columns, mark: Any) -> None:
+    """The mask checks (rule C5): one value per token (``mask_length``), each 0 or 1
+    (``mask_values``), and at least one supervised target in the range
+    (``unsupervised``: it would cost a row's cells and teach nothing)."""
+    mask, mask_lengths, lengths = columns.mask, columns.mask_lengths, columns.lengths
+    assert mask is not None and mask_lengths is not None
+    mark(
+        "mask_length",
+        mask_lengths != lengths,
+        lambda i: (
+            f"mask has {mask_lengths[i]} value(s) for {lengths[i]} tokens; one per token needed"
+        ),
+    )
+    # bool holds only 0/1; an unsigned mask (uint8, the usual) cannot go below 0.
+    signed = mask.dtype.kind == "i"
+    if (
+        mask.dtype != np.bool_
+        and len(mask)
+        and (int(mask.max()) > 1 or (signed and int(mask.min()) < 0))
+    ):
+        lo, hi = _document_extremes(mask, mask_lengths)
+        mark(
+            "mask_values",
+            (lo < 0) | (hi > 1),
+            lambda i: f"mask values span [{lo[i]}, {hi[i]}]; accepted: 0 and 1",
+        )
+    # A split document's whole range is checked here; each of its pieces after the cut.
+    mark(
+        "unsupervised",
+        ~columns.supervised(),
+        lambda i: (
+            f"no target of range [{columns.starts[i]}, {columns.stops[i]}) is marked "
+            f"in the mask; nothing to train on"
+        ),
+    )
+
+
+def _split_long(columns: _Columns, limit: int) -> tuple[_Columns, int, int]:
     """Replace each document whose range exceeds ``limit`` tokens by its ranges
-    (``mixture.split_ranges``), each one a document of its own (selected whole, same
-    source and example ids), in place and in order. The window's tokens keep only what
-    some range selects. Returns the new columns, the documents split and pairs cut."""
+    (``long_documents.split_ranges``), each one a document of its own (selected whole,
+    same source and example ids, its own slice of the mask), in place and in order.
+    The window's tokens keep only what some range selects. Returns the new columns,
+    the documents split and the pairs cut."""
+    lengths, starts, stops = columns.lengths, columns.starts, columns.stops
     long = np.flatnonzero(stops - starts > limit)
     owner, piece_start, piece_stop, cut = split_ranges(starts[long], stops[long], limit)
     doc_starts = np.cumsum(lengths) - lengths
@@ -476,14 +639,25 @@ def _split_long(
     new_starts[is_piece] = 0
     new_stops[is_piece] = length[is_piece]
     gather = np.repeat(first - (np.cumsum(length) - length), length) + np.arange(int(length.sum()))
-    return (
-        tokens[gather],
-        length,
-        new_starts,
-        new_stops,
-        source_ids[source_doc],
-        example_ids[source_doc],
-        None if source_index is None else source_index[source_doc],
-        len(long),
-        int(cut.sum()),
+    pieces = _Columns(
+        tokens=columns.tokens[gather],
+        lengths=length,
+        starts=new_starts,
+        stops=new_stops,
+        source_ids=columns.source_ids[source_doc],
+        example_ids=columns.example_ids[source_doc],
+        source_index=None if columns.source_index is None else columns.source_index[source_doc],
+        # Every kept document's mask is its tokens' length here: the same gather.
+        mask=None if columns.mask is None else columns.mask[gather],
+        mask_lengths=None if columns.mask is None else length,
     )
+    return pieces, len(long), int(cut.sum())
+
+
+def _drop_unsupervised_ranges(columns: _Columns) -> tuple[_Columns, int]:
+    """Drop the ranges a split left with no supervised target; return how many. (A
+    whole document without one was quarantined before the cut: only pieces go here.)"""
+    empty = ~columns.supervised()
+    if not empty.any():
+        return columns, 0
+    return columns.keep(~empty), int(empty.sum())

@@ -1,5 +1,6 @@
 """Small corpora written with each format's own library (or, for Megatron, byte for
-byte by its documented index layout), for the reader tests."""
+byte by its documented index layout), for the reader tests; ``MASKED_WRITERS`` write
+the same documents with a supervision mask, in each way a format can hold one."""
 
 from __future__ import annotations
 
@@ -28,6 +29,22 @@ def documents(count: int = 70, seed: int = 0) -> list[list[int]]:
     return [rng.integers(0, 512, int(rng.integers(2, 61))).tolist() for _ in range(count)]
 
 
+def masks(docs: list[list[int]], seed: int = 1) -> list[list[int]]:
+    """A prompt/completion mask per document: 0 for a prompt of 1 .. len - 1 tokens,
+    then 1 (so each document has at least one supervised target)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for doc in docs:
+        prompt = int(rng.integers(1, len(doc)))
+        out.append([0] * prompt + [1] * (len(doc) - prompt))
+    return out
+
+
+def labels(docs: list[list[int]], mask: list[list[int]]) -> list[list[int]]:
+    """Hugging Face labels: the token where the mask is 1, else -100."""
+    return [[t if m else -100 for t, m in zip(d, k, strict=True)] for d, k in zip(docs, mask)]
+
+
 def manifest(root: Path, **entry: object) -> Path:
     """``root/manifest.json`` holding ``corpus_manifest(**entry)``; returns ``root``."""
     (root / "manifest.json").write_text(json.dumps(corpus_manifest(**entry)))
@@ -41,49 +58,114 @@ def write_parquet(
     row_group_size: int = 16,
     column: str = "input_ids",
     files: int = 2,
+    supervision: dict[str, list[list[int]]] | None = None,
+    key: str = "mask",
 ) -> Path:
+    """Parquet files; ``supervision`` adds list<int8> columns by name (a mask, or
+    list<int64> labels), and the manifest names the first under ``key``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    supervision = supervision or {}
     names = []
     for index, part in enumerate(np.array_split(np.arange(len(docs)), files)):
-        table = pa.table(
-            {
-                column: pa.array([docs[i] for i in part], pa.list_(pa.int32())),
-                "text": [f"doc {i}" for i in part],
-            }
-        )
+        columns = {
+            column: pa.array([docs[i] for i in part], pa.list_(pa.int32())),
+            "text": [f"doc {i}" for i in part],
+        }
+        for name, values in supervision.items():
+            kind = pa.int64() if key == "labels" else pa.int8()
+            columns[name] = pa.array([values[i] for i in part], pa.list_(kind))
         name = f"train-{index:03d}.parquet"
-        pq.write_table(table, root / name, row_group_size=row_group_size)
+        pq.write_table(pa.table(columns), root / name, row_group_size=row_group_size)
         names.append(name)
-    extra = {} if column == "input_ids" else {"column": column}
+    extra: dict[str, object] = {} if column == "input_ids" else {"column": column}
+    if supervision:
+        extra[key] = next(iter(supervision))
     return manifest(root, parquet=names, **extra)
 
 
-def write_hf_dataset(root: Path, docs: list[list[int]], *, shards: int = 2) -> Path:
-    """``datasets.Dataset.save_to_disk`` (batches of 16 rows, ``shards`` data files)."""
+def write_hf_dataset(
+    root: Path,
+    docs: list[list[int]],
+    *,
+    shards: int = 2,
+    supervision: dict[str, list[list[int]]] | None = None,
+    key: str = "mask",
+) -> Path:
+    """``datasets.Dataset.save_to_disk`` (batches of 16 rows, ``shards`` data files);
+    ``supervision`` adds columns as TRL leaves them (``completion_mask``, ``labels``)."""
     import datasets
 
     dataset = datasets.Dataset.from_dict(
-        {"input_ids": docs, "text": [str(i) for i in range(len(docs))]}
+        {"input_ids": docs, "text": [str(i) for i in range(len(docs))], **(supervision or {})}
     )
     dataset.save_to_disk(str(root / "hf"), num_shards=shards)
-    return manifest(root, arrow=["hf"])
+    extra = {key: next(iter(supervision))} if supervision else {}
+    return manifest(root, arrow=["hf"], **extra)
 
 
-def write_arrow_file(root: Path, docs: list[list[int]]) -> Path:
-    """An Arrow IPC *file* (not stream) with record batches of 16 rows, uint16 tokens."""
+def write_arrow_file(
+    root: Path, docs: list[list[int]], *, supervision: list[list[int]] | None = None
+) -> Path:
+    """An Arrow IPC *file* (not stream) with record batches of 16 rows, uint16 tokens;
+    ``supervision`` adds a list<bool> ``assistant_masks`` column."""
     import pyarrow as pa
 
-    schema = pa.schema([("input_ids", pa.list_(pa.uint16()))])
+    fields = [("input_ids", pa.list_(pa.uint16()))]
+    if supervision is not None:
+        fields.append(("assistant_masks", pa.list_(pa.bool_())))
+    schema = pa.schema(fields)
     with pa.OSFile(str(root / "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         for lo in range(0, len(docs), 16):
-            writer.write_batch(
-                pa.record_batch(
-                    [pa.array(docs[lo : lo + 16], pa.list_(pa.uint16()))], schema=schema
-                )
-            )
-    return manifest(root, arrow=["docs.arrow"])
+            arrays = [pa.array(docs[lo : lo + 16], pa.list_(pa.uint16()))]
+            if supervision is not None:
+                bools = [[bool(v) for v in m] for m in supervision[lo : lo + 16]]
+                arrays.append(pa.array(bools, pa.list_(pa.bool_())))
+            writer.write_batch(pa.record_batch(arrays, schema=schema))
+    extra = {} if supervision is None else {"mask": "assistant_masks"}
+    return manifest(root, arrow=["docs.arrow"], **extra)
+
+
+def write_shards(
+    root: Path,
+    docs: list[list[int]],
+    *,
+    supervision: list[list[int]] | None = None,
+    mask_dtype: type = np.uint8,
+    files: int = 2,
+) -> Path:
+    """Token shards (uint16), with ``NAME.mask.npy`` files when ``supervision`` is given
+    (the manifest does not say: the files do)."""
+    names = []
+    for index, part in enumerate(np.array_split(np.arange(len(docs)), files)):
+        name = f"shard-{index:03d}"
+        write_shard(root, name, [docs[i] for i in part], np.uint16)
+        if supervision is not None:
+            mask = np.concatenate([supervision[i] for i in part]).astype(mask_dtype)
+            np.save(root / f"{name}.mask.npy", mask)
+        names.append(name)
+    return manifest(root, shards=names)
+
+
+def write_jsonl(
+    root: Path,
+    docs: list[list[int]],
+    *,
+    supervision: list[list[int]] | None = None,
+    key: str = "mask",
+) -> Path:
+    """One ``{"tokens": ...}`` line per document, with the supervision under ``key``
+    (``mask`` or ``labels``), named in the manifest."""
+    lines = []
+    for i, doc in enumerate(docs):
+        line: dict[str, object] = {"tokens": doc}
+        if supervision is not None:
+            line[key] = supervision[i]
+        lines.append(json.dumps(line))
+    (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    extra = {} if supervision is None else {key: key}
+    return manifest(root, jsonl=["docs.jsonl"], **extra)
 
 
 def megatron_index(
@@ -132,6 +214,35 @@ WRITERS = {
     "hf_dataset": write_hf_dataset,
     "arrow_file": write_arrow_file,
     "megatron": write_megatron,
+}
+
+
+def _labelled(writer, key="labels", name="labels"):
+    def write(root: Path, docs: list[list[int]], mask: list[list[int]]) -> Path:
+        return writer(root, docs, supervision={name: labels(docs, mask)}, key=key)
+
+    return write
+
+
+#: Each way a format holds a supervision mask: ``writer(root, docs, mask) -> corpus``.
+MASKED_WRITERS = {
+    "shards_uint8": lambda root, docs, mask: write_shards(root, docs, supervision=mask),
+    "shards_bool": lambda root, docs, mask: write_shards(
+        root, docs, supervision=mask, mask_dtype=np.bool_
+    ),
+    "jsonl_mask": lambda root, docs, mask: write_jsonl(root, docs, supervision=mask),
+    "jsonl_labels": lambda root, docs, mask: write_jsonl(
+        root, docs, supervision=labels(docs, mask), key="labels"
+    ),
+    "parquet_mask": lambda root, docs, mask: write_parquet(
+        root, docs, supervision={"completion_mask": mask}
+    ),
+    "parquet_labels": _labelled(write_parquet),
+    "hf_dataset_mask": lambda root, docs, mask: write_hf_dataset(
+        root, docs, supervision={"completion_mask": mask}
+    ),
+    "hf_dataset_labels": _labelled(write_hf_dataset),
+    "arrow_file_bool": lambda root, docs, mask: write_arrow_file(root, docs, supervision=mask),
 }
 
 

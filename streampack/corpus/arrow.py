@@ -6,6 +6,12 @@ A manifest entry names a ``save_to_disk`` directory (``dataset_info.json``,
 ``.arrow`` file. Documents are the rows; their tokens are a list column of integers
 (``column``, default ``input_ids``). Each record batch's flattened tokens and list
 offsets are zero-copy views of the memory map, so documents are read at random.
+
+Supervision (:mod:`streampack.corpus.masks`): ``"mask": "COLUMN"`` names a list column
+of 0/1 (or bool) per token, such as TRL's ``completion_mask`` or ``assistant_masks``;
+``"labels": "COLUMN"`` a list column of Hugging Face labels (-100 where not trained,
+else the token). Either is memory-mapped like the tokens, with its own list offsets:
+a row whose mask is not its tokens' length is quarantined (``mask_length``).
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from streampack.corpus.files import regular_file
+from streampack.corpus.masks import MaskSpec, mask_spec
 from streampack.corpus.offsets import OffsetsReader, Part, check_offsets
 from streampack.corpus.reader import BindingSpec
 from streampack.errors import InvalidConfig
@@ -33,14 +42,53 @@ def import_pyarrow(what: str) -> Any:
     return pyarrow
 
 
-def token_list_type(pa: Any, field_type: Any, column: str, where: str) -> None:
-    """Refuse a column that is not a list of integers, naming its type."""
+def token_list_type(
+    pa: Any, field_type: Any, column: str, where: str, what: str = "token ids"
+) -> None:
+    """Refuse a column that is not a list of integers, naming its type (a mask
+    column may also be a list of bool)."""
     is_list = pa.types.is_list(field_type) or pa.types.is_large_list(field_type)
-    if not is_list or not pa.types.is_integer(field_type.value_type):
+    bools = what == "mask values" and is_list and pa.types.is_boolean(field_type.value_type)
+    if not bools and (not is_list or not pa.types.is_integer(field_type.value_type)):
+        expected = "list<int32>, list<int64>, list<uint16>, ..."
+        if what == "mask values":
+            expected = "list<int8>, list<int64>, list<bool>, ... of 0/1"
         raise InvalidConfig(
             f"{where}: column {column!r} has type {field_type}; expected a list of integer "
-            f"token ids (list<int32>, list<int64>, list<uint16>, ...)"
+            f"{what} ({expected})"
         )
+
+
+def supervision_type(pa: Any, schema: Any, spec: MaskSpec | None, where: str) -> None:
+    """Refuse a missing or mistyped mask / labels column, naming it."""
+    if spec is None:
+        return
+    if spec.name not in schema.names:
+        raise InvalidConfig(
+            f"{where} has no {spec.kind} column {spec.name!r}; its columns are "
+            f'{schema.names} (set "{spec.kind}" in the manifest)'
+        )
+    what = "mask values" if spec.kind == "mask" else "labels"
+    token_list_type(pa, schema.field(spec.name).type, spec.name, where, what)
+
+
+class _Bools:
+    """An Arrow boolean array (bit-packed, so not viewable as NumPy) indexed like one:
+    each read gives uint8 0/1, and the rest stays in the memory map."""
+
+    def __init__(self, values: Any) -> None:
+        self._values = values
+        self.dtype = np.dtype(np.uint8)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if isinstance(key, slice):
+            chosen = self._values[key]
+        else:
+            chosen = self._values.take(np.asarray(key, np.int64))
+        return chosen.to_numpy(zero_copy_only=False).astype(np.uint8)
 
 
 def arrow_files(path: Path) -> list[Path]:
@@ -92,12 +140,17 @@ def _batches(pa: Any, path: Path) -> list[Any]:
         ) from None
 
 
-def open_arrow_file(path: Path, column: str, label: str) -> list[Part]:
-    """One part per record batch of the Arrow file at ``path``."""
+def open_arrow_file(
+    path: Path, column: str, label: str, entry: dict[str, Any] | None = None
+) -> list[Part]:
+    """One part per record batch of the Arrow file at ``path`` (with the supervision
+    ``entry``'s ``mask`` / ``labels`` names)."""
     pa = import_pyarrow("Arrow files")
     where = f"Arrow file {str(path)!r}"
     parts = []
-    for number, batch in enumerate(_batches(pa, path)):
+    batches = _batches(pa, path)
+    spec = mask_spec(entry or {}, where, batches[0].schema.names if batches else [])
+    for number, batch in enumerate(batches):
         if column not in batch.schema.names:
             raise InvalidConfig(
                 f"{where} has no column {column!r}; its columns are "
@@ -113,8 +166,29 @@ def open_arrow_file(path: Path, column: str, label: str) -> list[Part]:
         offsets = lists.offsets.to_numpy(zero_copy_only=True)
         tokens = lists.values.to_numpy(zero_copy_only=True)
         check_offsets(offsets, len(tokens), f"{where} record batch {number}", from_zero=False)
-        parts.append(Part(f"{label}@{number}", tokens, offsets))
+        part = Part(f"{label}@{number}", tokens, offsets)
+        if spec is not None:
+            supervision_type(pa, batch.schema, spec, where)
+            _add_mask(pa, part, batch.column(spec.name), spec, f"{where} record batch {number}")
+        parts.append(part)
     return parts
+
+
+def _add_mask(pa: Any, part: Part, lists: Any, spec: MaskSpec, where: str) -> None:
+    """Give ``part`` the supervision column ``lists`` (zero-copy where NumPy can view it)."""
+    if lists.values.null_count:
+        raise InvalidConfig(
+            f"{where}: {spec.kind} column {spec.name!r} holds {lists.values.null_count} "
+            f"null value(s); every token needs one"
+        )
+    offsets = lists.offsets.to_numpy(zero_copy_only=True)
+    check_offsets(offsets, len(lists.values), f"{where} {spec.kind} column", from_zero=False)
+    values = lists.values
+    part.mask = (
+        _Bools(values) if pa.types.is_boolean(values.type) else values.to_numpy(zero_copy_only=True)
+    )
+    part.mask_offsets = offsets
+    part.mask_kind = spec.kind
 
 
 class ArrowSource(OffsetsReader):
@@ -122,11 +196,16 @@ class ArrowSource(OffsetsReader):
     ``location`` reads ``NAME@BATCH#ROW``."""
 
     def __init__(
-        self, paths: list[Path], names: list[str], column: str, binding: BindingSpec
+        self,
+        paths: list[Path],
+        names: list[str],
+        column: str,
+        binding: BindingSpec,
+        entry: dict[str, Any] | None = None,
     ) -> None:
         parts: list[Part] = []
         for path, name in zip(paths, names, strict=True):
             for file in arrow_files(path):
                 label = name if file == path else f"{name}/{file.name}"
-                parts += open_arrow_file(file, column, label)
+                parts += open_arrow_file(file, column, label, entry)
         super().__init__(parts, binding, f"Arrow data {names}")

@@ -30,8 +30,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--tokenizer",
         required=True,
         type=Path,
-        metavar="tokenizer.json",
-        help="a Hugging Face tokenizers file; its content hash is the binding's tokenizer",
+        metavar="tokenizer.json|DIR",
+        help="a Hugging Face tokenizers file, or (--format prompt-completion|messages) a "
+        "tokenizer directory as AutoTokenizer.from_pretrained reads it; its content hash "
+        "is the binding's tokenizer",
+    )
+    build.add_argument(
+        "--format",
+        dest="fmt",
+        default="text",
+        choices=("text", "prompt-completion", "messages"),
+        help="text: the --text-column field, every token trained; prompt-completion: "
+        "string 'prompt' and 'completion' fields, the completion and its EOS trained; "
+        "messages: a list of {'role', 'content'} rendered by the chat template, the "
+        "assistant's tokens trained (masked shards: NAME.mask.npy)",
+    )
+    build.add_argument(
+        "--chat-template",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template replacing the tokenizer's (--format messages); it "
+        "must mark the assistant's content with {%% generation %%}...{%% endgeneration %%}",
+    )
+    build.add_argument(
+        "--train-on",
+        default="assistant",
+        choices=("assistant", "last", "all"),
+        help="--format messages: every assistant turn (default), only the last one, or every token",
     )
     build.add_argument(
         "--out",
@@ -92,6 +118,9 @@ def main(args: argparse.Namespace) -> int:
                 partition=args.partition,
                 split_receipt=args.split_receipt,
                 progress=progress,
+                fmt=args.fmt,
+                chat_template=args.chat_template,
+                train_on=args.train_on,
             )
         print(json.dumps({"out": str(args.out), **dataclasses.asdict(built)}))
         return 0

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from streampack.corpus.manifest import open_corpus
-from streampack.windows import CutSpec, iter_windows
+from streampack.windows import CutSpec, Window, iter_windows
 
 QUANTILES = (0.0, 0.5, 0.9, 0.99, 1.0)
 
@@ -36,6 +36,11 @@ class CorpusReport:
     quarantined: dict[str, int]  # reason -> documents
     examples: list[dict[str, Any]]  # the first few quarantined documents, as logged
     binding: dict[str, Any]
+    # A masked corpus: the kept ranges' targets that its mask marks (rule C5), and the
+    # ranges of split documents dropped for having none; None without masks.
+    supervised: int | None = None
+    ranges_unsupervised: int = 0
+    targets: int = 0  # prediction pairs of the kept ranges
 
     def text(self) -> str:
         q = self.length_quantiles
@@ -48,6 +53,15 @@ class CorpusReport:
             "lengths     " + "  ".join(f"{k} {v}" for k, v in q.items()),
             f"next-fit    capacity {self.capacity}: {self.rows} rows, fill {self.fill:.4f}",
         ]
+        if self.supervised is not None:
+            lines.append(
+                f"supervised  {self.supervised} of {self.targets} targets"
+                + (
+                    f" ({self.ranges_unsupervised} split ranges with none dropped)"
+                    if self.ranges_unsupervised
+                    else ""
+                )
+            )
         if self.quarantined:
             lines.append(
                 "problems    "
@@ -79,11 +93,14 @@ def inspect_corpus(
     spans: list[np.ndarray] = []
     reasons: Counter[str] = Counter()
     shown: list[dict[str, Any]] = []
-    documents = 0
+    documents = supervised = ranges_unsupervised = 0
     for window in iter_windows(source, 0, spec):
         documents += window.documents
         lengths.append(np.diff(window.offsets))
         spans.append(window.stop - window.start)
+        ranges_unsupervised += window.ranges_unsupervised
+        if window.mask is not None:
+            supervised += _supervised_targets(window)
         for q in window.quarantined:
             reasons[q["reason"]] += 1
             if len(shown) < examples:
@@ -114,4 +131,15 @@ def inspect_corpus(
         quarantined=dict(reasons),
         examples=shown,
         binding=dataclasses.asdict(source.binding),
+        supervised=supervised if source.masked else None,
+        ranges_unsupervised=ranges_unsupervised,
+        targets=int(pairs.sum()),
     )
+
+
+def _supervised_targets(window: Window) -> int:
+    """Targets of the window's ranges that its mask marks: ``mask[start + 1:stop]``."""
+    assert window.mask is not None
+    running = np.concatenate([[0], np.cumsum(window.mask, dtype=np.int64)])
+    first = window.offsets[:-1]
+    return int((running[first + window.stop] - running[first + window.start + 1]).sum())

@@ -16,6 +16,9 @@ The index, little-endian::
 
 A document of the corpus is a Megatron *document* (its sequences are contiguous in the
 ``.bin``); for data prepared without sentence splitting every sequence is a document.
+
+The format has no place for a supervision mask: a ``mask`` or ``labels`` key on a
+Megatron source is refused (:mod:`streampack.corpus.masks`).
 """
 
 from __future__ import annotations

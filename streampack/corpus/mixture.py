@@ -3,6 +3,12 @@
 The schedule (:mod:`streampack.corpus.schedule`) says which source each step picks;
 the n-th pick of a source takes its n-th document in the source's own order for the
 epoch (:mod:`streampack.corpus.order`). A manifest's ``sources`` list describes one.
+
+Supervision masks are per source. A mixture is masked when any of its sources is, and
+then the documents of its unmasked sources carry an all-ones mask (every target
+trained, as without masks): a window's mask is present exactly when the corpus has a
+masked source, whatever the window holds, so a masked corpus never changes shape from
+one window to the next.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class MixtureReader:
         self.num_documents = int(self._first[-1])
         # Each source's own long_documents policy, set from its entry by open_source.
         self._split = np.array([r.long_documents == "split" for r in readers], bool)
+        self.masked = any(r.masked for r in readers)
 
     def source_index(self, ids: np.ndarray) -> np.ndarray:
         """int32: the source of each document id."""
@@ -125,6 +132,13 @@ class MixtureReader:
         lengths = reader.lengths(ids)
         tokens, ok = reader.gather(ids, lengths)
         bad = not bool(ok[0])
+        mask = None
+        if reader.masked and not bad:
+            mask, _, problems = reader.gather_mask(ids, lengths, tokens)
+            if problems:
+                _, reason, detail = problems[0]
+                return Record(i, None, 0, 0, i, reason, detail, reader.location(i))
+            mask = np.asarray(mask)
         return Record(
             source_id=i,
             tokens=np.asarray(tokens, np.int64),
@@ -134,6 +148,7 @@ class MixtureReader:
             reason="wrong_dtype" if bad else None,
             detail=WRONG_DTYPE_DETAIL if bad else "",
             location=reader.location(i),
+            mask=mask,
         )
 
     def lengths(self, ids: np.ndarray) -> np.ndarray:
@@ -170,6 +185,36 @@ class MixtureReader:
             tokens_out[destination] = tokens
             dtype_ok[mine] = ok
         return tokens_out, dtype_ok
+
+    def gather_mask(
+        self, ids: np.ndarray, lengths: np.ndarray, tokens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]]]:
+        """As the sources' ``gather_mask``; an unmasked source's documents get ones."""
+        source = self.source_index(ids)
+        token_source = np.repeat(source, lengths)
+        parts = {}
+        problems: list[tuple[int, str, str]] = []
+        mask_lengths = lengths.copy()
+        for k in np.unique(source).tolist():
+            mine = np.flatnonzero(source == k)
+            reader = self.readers[k]
+            if not reader.masked:
+                parts[k] = (mine, np.ones(int(lengths[mine].sum()), np.uint8))
+                continue
+            values, own_lengths, found = reader.gather_mask(
+                ids[mine] - self._first[k], lengths[mine], tokens[token_source == k]
+            )
+            mask_lengths[mine] = own_lengths
+            parts[k] = (mine, values)
+            problems += [(int(mine[j]), reason, detail) for j, reason, detail in found]
+        dtypes = [np.asarray(values).dtype for _, values in parts.values()]
+        mask = np.empty(int(mask_lengths.sum()), np.result_type(*dtypes) if dtypes else np.uint8)
+        out_starts = np.cumsum(mask_lengths) - mask_lengths
+        for mine, values in parts.values():
+            lens = mask_lengths[mine]
+            before = np.cumsum(lens) - lens
+            mask[np.repeat(out_starts[mine] - before, lens) + np.arange(int(lens.sum()))] = values
+        return mask, mask_lengths, sorted(problems)
 
 
 def open_mixture(

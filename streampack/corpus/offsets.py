@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from streampack.corpus.masks import labels_to_mask
 from streampack.corpus.reader import BindingSpec, SingleSource
-from streampack.errors import InvalidConfig
+from streampack.errors import InternalError, InvalidConfig
 
 # Integer dtypes whose every value fits in int32: gathered into int32, not int64.
 _NARROW = {np.dtype(d) for d in (np.int8, np.uint8, np.int16, np.uint16, np.int32)}
@@ -30,6 +31,12 @@ class Part:
     tokens: Any
     offsets: Any
     tokens_are_integers: bool = True  # False: every document is quarantined wrong_dtype
+    # The part's supervision (corpus/masks.py), or None: a flat array of per-token
+    # values (0/1 for a mask, -100-or-token for labels) and, where it is a column of
+    # its own, its own document offsets (None: the token offsets, one value per token).
+    mask: Any = None
+    mask_offsets: Any = None
+    mask_kind: str = "mask"  # "mask" or "labels"
 
 
 def check_offsets(offsets: Any, num_tokens: int, where: str, *, from_zero: bool = True) -> None:
@@ -76,6 +83,11 @@ class OffsetsReader(SingleSource):
         self._tokens = [p.tokens for p in parts]
         self._offsets = [p.offsets for p in parts]
         self._dtype_ok = [p.tokens_are_integers for p in parts]
+        self.masked = any(p.mask is not None for p in parts)
+        self.mask_kind = parts[0].mask_kind if parts else "mask"
+        if self.masked and not all(p.mask is not None for p in parts):
+            missing = [p.name for p in parts if p.mask is None]
+            raise InternalError(f"{where}: parts {missing} have no mask in a masked source")
 
     def _locate(self, ids: np.ndarray) -> np.ndarray:
         return np.searchsorted(self._first, ids, side="right") - 1
@@ -176,3 +188,56 @@ class OffsetsReader(SingleSource):
             src_index = np.repeat(src_starts - before, lens) + np.arange(n)
             tokens[dst_index] = self._tokens[s][src_index]
         return tokens, dtype_ok
+
+    def gather_mask(
+        self, ids: np.ndarray, lengths: np.ndarray, tokens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]]]:
+        """The supervision of documents ``ids`` (``lengths`` tokens each, ``tokens`` as
+        ``gather`` returned them): ``(mask, mask_lengths, problems)``. ``mask`` is each
+        document's stored mask concatenated, in its stored dtype (labels become bool
+        ``labels != -100``), ``mask_lengths`` their lengths, and ``problems`` the
+        documents whose labels disagree with their tokens, as
+        ``(position, "labels_mismatch", detail)``. The screen checks the rest."""
+        part = self._locate(ids)
+        involved = self._parts_of(part).tolist()
+        mask_lengths = np.empty(len(ids), np.int64)
+
+        def mask_offsets(s: int) -> Any:
+            p = self.parts[s]
+            return p.offsets if p.mask_offsets is None else p.mask_offsets
+
+        if len(ids) and (np.diff(ids) == 1).all():
+            # A run of consecutive documents (corpus order): one slice of each part's
+            # mask, a view of the memory map when the run is inside one part.
+            slices = []
+            for s in involved:
+                mine = part == s
+                lo = int(ids[mine][0] - self._first[s])
+                bounds = np.asarray(mask_offsets(s)[lo : lo + int(mine.sum()) + 1], np.int64)
+                mask_lengths[mine] = np.diff(bounds)
+                slices.append(self.parts[s].mask[int(bounds[0]) : int(bounds[-1])])
+            mask = slices[0] if len(slices) == 1 else np.concatenate(slices)
+        else:
+            pieces = []
+            for s in involved:
+                sel = np.flatnonzero(part == s)
+                local = ids[sel] - self._first[s]
+                starts = np.asarray(mask_offsets(s)[local], np.int64)
+                lens = np.asarray(mask_offsets(s)[local + 1], np.int64) - starts
+                mask_lengths[sel] = lens
+                before = np.cumsum(lens) - lens
+                index = np.repeat(starts - before, lens) + np.arange(int(lens.sum()))
+                pieces.append((sel, np.asarray(self.parts[s].mask[index])))
+            dtypes = [values.dtype for _, values in pieces]
+            mask = np.empty(int(mask_lengths.sum()), np.result_type(*dtypes) if dtypes else bool)
+            out_starts = np.cumsum(mask_lengths) - mask_lengths
+            for sel, values in pieces:
+                lens = mask_lengths[sel]
+                before = np.cumsum(lens) - lens
+                mask[np.repeat(out_starts[sel] - before, lens) + np.arange(int(lens.sum()))] = (
+                    values
+                )
+        if self.mask_kind == "labels":
+            mask, problems = labels_to_mask(tokens, lengths, mask, mask_lengths)
+            return mask, mask_lengths, problems
+        return mask, mask_lengths, []

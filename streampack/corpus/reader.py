@@ -56,6 +56,9 @@ class Record:
     reason: str | None  # a quarantine reason found while reading, else None
     detail: str
     location: str  # where a person finds it, e.g. "docs.jsonl:17"
+    # Its supervision mask as stored (any integer or bool dtype, its own length: the
+    # screen checks both), or None: every token supervised (corpus/masks.py).
+    mask: np.ndarray | None = None
 
 
 class SingleSource:
@@ -66,6 +69,7 @@ class SingleSource:
     """
 
     long_documents: str = "quarantine"
+    masked: bool = False  # documents carry supervision masks (corpus/masks.py)
 
     def splits(self, ids: np.ndarray) -> np.ndarray:
         """bool per document: whether one too long for a row is cut into ranges."""
@@ -99,6 +103,17 @@ class RandomAccessReader(Protocol):
         source's ``long_documents = "split"``), rather than quarantined."""
         ...
 
+    masked: bool  # whether documents carry supervision masks (then gather_mask)
+
+    def gather_mask(
+        self, ids: np.ndarray, lengths: np.ndarray, tokens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]]]:
+        """``(mask, mask_lengths, problems)`` of documents ``ids`` of a masked reader:
+        their masks concatenated as stored (any integer or bool dtype), each one's
+        length, and documents already known bad as ``(position, reason, detail)``.
+        ``tokens`` is what ``gather`` returned (labels are checked against it)."""
+        ...
+
 
 @runtime_checkable
 class SequentialReader(Protocol):
@@ -109,8 +124,11 @@ class SequentialReader(Protocol):
     num_documents: int | None  # None when unknown before reading everything
 
     def records(self) -> Iterator[Record]:
-        """Every document in corpus order, source ids 0, 1, 2, ..."""
+        """Every document in corpus order, source ids 0, 1, 2, ... (with their
+        ``mask`` when ``masked``)."""
         ...
+
+    masked: bool
 
     def splits(self, ids: np.ndarray) -> np.ndarray:
         """As :meth:`RandomAccessReader.splits`."""

@@ -3,6 +3,12 @@
 A shard ``NAME`` is ``NAME.tokens.npy`` (int32, uint16 or uint32 tokens) and
 ``NAME.offsets.npy`` (int64 document boundaries: ``offsets[0] == 0``, never
 decreasing, ``offsets[-1] == len(tokens)``), next to the manifest.
+
+A masked shard also has ``NAME.mask.npy``: its supervision mask (rule C5; see
+:mod:`streampack.corpus.masks`), bool or uint8, one value per token of
+``NAME.tokens.npy``. A source is masked when its entry says ``"mask": true`` or, with
+no ``mask`` key, when any of its shards has a mask file; then every shard must have
+one, of its tokens' length. ``"mask": false`` ignores mask files (train every token).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from streampack.corpus.reader import BindingSpec
 from streampack.errors import InvalidConfig
 
 TOKEN_DTYPES = {np.dtype(np.int32), np.dtype(np.uint16), np.dtype(np.uint32)}
+MASK_DTYPES = {np.dtype(np.bool_), np.dtype(np.uint8)}
 
 
 def _load(path: Path, what: str) -> np.ndarray:
@@ -31,8 +38,9 @@ def _load(path: Path, what: str) -> np.ndarray:
         ) from exc
 
 
-def open_shard(root: Path, name: str) -> Part:
-    """Memory-map shard ``name`` of the corpus in ``root`` and check its offsets."""
+def open_shard(root: Path, name: str, masked: bool = False) -> Part:
+    """Memory-map shard ``name`` of the corpus in ``root`` (and its mask file when
+    ``masked``) and check its offsets."""
     tokens = _load(root / f"{name}.tokens.npy", f"shard {name!r} tokens")
     offsets_path = root / f"{name}.offsets.npy"
     offsets = _load(offsets_path, f"shard {name!r} offsets")
@@ -44,14 +52,44 @@ def open_shard(root: Path, name: str) -> Part:
     if tokens.ndim != 1:
         raise InvalidConfig(f"shard {name!r}: tokens shape {tokens.shape}; expected 1-D")
     check_offsets(offsets, len(tokens), f"shard {name!r} ({str(offsets_path)!r})")
-    return Part(name, tokens, offsets, tokens_are_integers=tokens.dtype in TOKEN_DTYPES)
+    mask = _open_mask(root, name, len(tokens)) if masked else None
+    return Part(name, tokens, offsets, tokens_are_integers=tokens.dtype in TOKEN_DTYPES, mask=mask)
+
+
+def mask_path(root: Path, name: str) -> Path:
+    return root / f"{name}.mask.npy"
+
+
+def _open_mask(root: Path, name: str, num_tokens: int) -> np.ndarray:
+    """The mask file of shard ``name``, memory-mapped, or one line saying what is wrong."""
+    path = mask_path(root, name)
+    if not path.exists():
+        raise InvalidConfig(
+            f"shard {name!r} has no mask file {str(path)!r}, but its corpus is masked; "
+            f"write one (bool or uint8, one value per token) for every shard, or set "
+            f'"mask": false to train every token'
+        )
+    mask = _load(path, f"shard {name!r} mask")
+    if mask.ndim != 1 or mask.dtype not in MASK_DTYPES or len(mask) != num_tokens:
+        raise InvalidConfig(
+            f"shard {name!r}: mask {str(path)!r} has dtype {mask.dtype} and shape "
+            f"{mask.shape}; expected a 1-D bool or uint8 array of {num_tokens} values, "
+            f"one per token of {name}.tokens.npy"
+        )
+    return mask
 
 
 class TokenShardSource(OffsetsReader):
     """Token shards in manifest order (a shard whose tokens are not int32, uint16 or
     uint32 is read, and its documents quarantined as ``wrong_dtype``)."""
 
-    def __init__(self, root: Path, names: list[str], binding: BindingSpec) -> None:
+    def __init__(
+        self, root: Path, names: list[str], binding: BindingSpec, mask: bool | None = None
+    ) -> None:
+        # No "mask" key: the files say. A mask file is never ignored unless asked to be.
+        masked = any(mask_path(root, n).exists() for n in names) if mask is None else mask
         super().__init__(
-            [open_shard(root, name) for name in names], binding, f"token shards in {str(root)!r}"
+            [open_shard(root, name, masked) for name in names],
+            binding,
+            f"token shards in {str(root)!r}",
         )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from streampack.corpus.files import inside
 from streampack.corpus.long_documents import long_documents_policy
+from streampack.corpus.masks import refuse_mask
 from streampack.corpus.reader import BindingSpec
 from streampack.errors import InvalidConfig
 
@@ -33,10 +34,21 @@ def _open_shards(
 ) -> Source:
     from streampack.corpus.shards import TokenShardSource
 
+    mask = entry.get("mask")
+    if mask is not None and not isinstance(mask, bool):
+        raise InvalidConfig(
+            f"token shards: mask {mask!r} must be true or false (the mask of shard NAME is "
+            f"the file NAME.mask.npy)"
+        )
+    if entry.get("labels") is not None:
+        raise InvalidConfig(
+            f"token shards: labels {entry['labels']!r} is set; a shard's supervision is "
+            f'its mask file NAME.mask.npy (bool or uint8 per token), with "mask": true'
+        )
     for name in names:
-        for suffix in (".tokens.npy", ".offsets.npy"):
+        for suffix in (".tokens.npy", ".offsets.npy", ".mask.npy"):
             inside(root, name + suffix, "token shard", allow_outside=allow_outside)
-    return TokenShardSource(root, names, binding)
+    return TokenShardSource(root, names, binding, mask)
 
 
 def _open_jsonl(
@@ -45,7 +57,9 @@ def _open_jsonl(
     from streampack.corpus.jsonl import JsonlSource
 
     return JsonlSource(
-        [inside(root, n, "JSON Lines file", allow_outside=allow_outside) for n in names], binding
+        [inside(root, n, "JSON Lines file", allow_outside=allow_outside) for n in names],
+        binding,
+        entry,
     )
 
 
@@ -67,6 +81,7 @@ def _open_parquet(
         [inside(root, n, "Parquet file", allow_outside=allow_outside) for n in names],
         _column(entry),
         binding,
+        entry,
     )
 
 
@@ -80,6 +95,7 @@ def _open_arrow(
         names,
         _column(entry),
         binding,
+        entry,
     )
 
 
@@ -88,6 +104,7 @@ def _open_megatron(
 ) -> Source:
     from streampack.corpus.megatron import MegatronSource
 
+    refuse_mask(entry, "Megatron datasets", "Megatron indexed datasets (.bin/.idx)")
     for name in names:
         for suffix in (".idx", ".bin"):
             inside(root, name + suffix, "Megatron file", allow_outside=allow_outside)
@@ -96,10 +113,11 @@ def _open_megatron(
 
 # Format key in the manifest -> opener(root, names, entry, binding, allow_outside).
 FORMATS: dict[str, Callable[..., Source]] = {
-    "shards": _open_shards,  # NAME.tokens.npy + NAME.offsets.npy
-    "jsonl": _open_jsonl,  # JSON Lines of {"tokens": [...]}
-    "parquet": _open_parquet,  # Parquet files, option "column" (default "input_ids")
-    "arrow": _open_arrow,  # save_to_disk directories or .arrow files, option "column"
+    "shards": _open_shards,  # NAME.tokens.npy + NAME.offsets.npy (+ NAME.mask.npy)
+    "jsonl": _open_jsonl,  # JSON Lines of {"tokens": [...]}, options "mask"/"labels"
+    "parquet": _open_parquet,  # Parquet files, options "column" (default "input_ids"),
+    # "mask"/"labels" (corpus/masks.py)
+    "arrow": _open_arrow,  # save_to_disk directories or .arrow files, as Parquet
     "megatron": _open_megatron,  # PREFIX.bin + PREFIX.idx
 }
 

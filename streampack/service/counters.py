@@ -54,6 +54,7 @@ class ProducerCounters:
     quarantined: int = 0  # documents
     documents_split: int = 0  # long documents of a split source cut into ranges
     pairs_cut: int = 0  # prediction pairs lost at those cuts
+    ranges_unsupervised: int = 0  # ranges of those cuts with no supervised target, dropped
     audited: int = 0
     audit_failures: int = 0
     window_bytes_peak: int = 0

@@ -41,6 +41,10 @@ QUARANTINE_REASONS = (
     "wrong_dtype",
     "bad_range",
     "malformed",
+    "mask_length",
+    "mask_values",
+    "labels_mismatch",
+    "unsupervised",
     "pack_failed",
 )
 
@@ -100,6 +104,10 @@ PRODUCER_COUNTERS: dict[str, tuple[str, str]] = {
     "pairs_cut": (
         "streampack_pairs_cut",
         "Prediction pairs across the cuts of split documents, not formed",
+    ),
+    "ranges_unsupervised": (
+        "streampack_ranges_unsupervised",
+        "Ranges of split documents with no supervised target, dropped",
     ),
     "audited": ("streampack_batches_audited", "Batches audited by workers"),
     "audit_failures": ("streampack_audit_failures", "Audited batches that failed the audit"),

@@ -203,6 +203,7 @@ class Pipeline:
         # Long documents of a long_documents = "split" source: counted once, like quarantine.
         self.counters.add("documents_split", window.documents_split)
         self.counters.add("pairs_cut", window.pairs_cut)
+        self.counters.add("ranges_unsupervised", window.ranges_unsupervised)
 
     def _quarantine_whole(self, state: WindowState, error: str) -> None:
         window = state.window
