@@ -251,8 +251,7 @@ def _random_access_windows(
         if index >= start_window:
             tokens, dtype_ok = source.gather(ids, lengths)
             premarked = [
-                (i, "wrong_dtype", WRONG_DTYPE_DETAIL)
-                for i in np.flatnonzero(~dtype_ok).tolist()
+                (i, "wrong_dtype", WRONG_DTYPE_DETAIL) for i in np.flatnonzero(~dtype_ok).tolist()
             ]
             masks: dict[str, Any] = {}
             if source.masked:
