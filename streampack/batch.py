@@ -19,6 +19,7 @@ see ``[3, 4)`` and ``[3, 5)``, never A's columns.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn
 
@@ -80,6 +81,16 @@ BYTES_PER_ROW = ARRAY_DTYPES["valid_lengths"].itemsize
 #: The order ``expanded_arrays`` lays fields out in one block: widest dtype first, so
 #: every field starts aligned whatever the shape.
 _BLOCK_ORDER = sorted(ARRAY_DTYPES, key=lambda name: -ARRAY_DTYPES[name].itemsize)
+
+
+#: What the compiled fillers take for "no supervision mask" (see ``kernels.pack_cpu``).
+_NO_MASK = np.zeros(0, np.uint8)
+_NO_MASK.flags.writeable = False
+
+
+def kernel_mask(mask: np.ndarray | None) -> np.ndarray:
+    """The ``mask`` argument of the compiled fillers: the mask, or an empty one for none."""
+    return _NO_MASK if mask is None else mask
 
 
 def expanded_nbytes(rows: int, capacity: int) -> int:
@@ -269,7 +280,8 @@ class PackedBatch:
 
     def stats(self) -> dict[str, Any]:
         """Storage and attention counts. Per head: dense scores ``rows * capacity**2``,
-        permitted edges ``sum l(l+1)/2`` over occurrences of length ``l``."""
+        permitted edges ``sum l(l+1)/2`` over occurrences of length ``l``. Targets:
+        ``real_targets`` (valid) and ``supervised_targets`` (loss-eligible, rule C5)."""
         occ = self.occurrences
         lengths = (occ["stop"] - occ["start"]).astype(np.int64)
         cells = self.rows * self.capacity
@@ -281,7 +293,10 @@ class PackedBatch:
             "capacity": self.capacity,
             "cells": cells,
             "valid_cells": valid_cells,
-            "real_targets": int(np.count_nonzero(self.loss_mask)),
+            "real_targets": int(np.count_nonzero(self.target_valid)),
+            # Loss-eligible targets (rule C5): the real targets a supervision mask marks;
+            # equal to real_targets for an unmasked corpus.
+            "supervised_targets": int(np.count_nonzero(self.loss_mask)),
             "padding_cells": cells - valid_cells,
             "padding_fraction": 1.0 - valid_cells / cells if cells else 0.0,
             "occurrences": int(occ.shape[0]),
@@ -396,8 +411,10 @@ class CompactBatch:
     Occurrence ``i`` contributes ``stop - start + 1`` tokens to ``tokens`` (its whole
     selected range; int32, or uint16 when the vocabulary fits, as the service sends
     them); ``expand()`` writes the cells exactly as ``pack_examples`` does.
-    This is 2 to 4 bytes per cell instead of 23, so it is what travels between
-    processes. ``checked()`` validates one that arrived from elsewhere, so that the
+    ``mask``, when the examples carry a supervision mask, is their uint8 0/1 mask of
+    those same tokens, one to one (None otherwise): ``expand()`` makes ``loss_mask``
+    from it (rule C5). This is 2 to 5 bytes per cell instead of 23, so it is what
+    travels between processes. ``checked()`` validates one that arrived from elsewhere, so that the
     compiled fill can never read or write outside its arrays.
     """
 
@@ -409,6 +426,7 @@ class CompactBatch:
     filler: bool = False
     sources: np.ndarray = None  # type: ignore[assignment]  # as PackedBatch.sources
     policy: str = "next_fit"  # as PackedBatch.policy
+    mask: np.ndarray | None = None  # uint8 0/1 per entry of ``tokens``, or None
 
     def __post_init__(self) -> None:
         if self.sources is None:
@@ -454,11 +472,14 @@ class CompactBatch:
             )
         if sources.size and int(sources.min()) < 0:
             fail(f"source index {int(sources.min())}; accepted: >= 0")
+        self._check_mask(fail)
         if self.policy not in POLICIES:
             fail(f"policy {self.policy!r}; accepted: {', '.join(map(repr, POLICIES))}")
         if self.filler or occ.size == 0:
-            if not (self.filler and occ.size == 0 and tokens.size == 0):
-                fail("a batch is a filler exactly when it has no occurrences and no tokens")
+            if not (self.filler and occ.size == 0 and tokens.size == 0 and self.mask is None):
+                fail(
+                    "a batch is a filler exactly when it has no occurrences, no tokens and no mask"
+                )
             return self
         from .kernels import pack_cpu as k
 
@@ -490,6 +511,24 @@ class CompactBatch:
         }
         fail(f"{rule}; occurrence {at} has {record}")
 
+    def _check_mask(self, fail: Callable[[str], NoReturn]) -> None:
+        """The mask is None or one uint8 0/1 per token: the fill reads it by token index."""
+        mask = self.mask
+        if mask is None:
+            return
+        if not isinstance(mask, np.ndarray) or mask.dtype != np.uint8 or mask.ndim != 1:
+            if not isinstance(mask, np.ndarray):
+                fail(f"mask of type {type(mask).__name__}; expected a 1-D uint8 array")
+            fail(f"mask dtype {mask.dtype} shape {mask.shape}; expected 1-D uint8, one per token")
+        if mask.shape != self.tokens.shape:
+            fail(
+                f"mask has {mask.shape[0]} values for {self.tokens.shape[0]} tokens; "
+                "expected one per token"
+            )
+        if mask.size and int(mask.max()) > 1:
+            at = int(np.flatnonzero(mask > 1)[0])
+            fail(f"mask[{at}] = {int(mask[at])}; accepted: 0 or 1")
+
     def expand(self, block: np.ndarray | None = None) -> PackedBatch:
         """The full ``PackedBatch``: every cell written once by the compiled fill, into
         views of ``block`` (see ``expanded_arrays``; a fresh one when None)."""
@@ -498,7 +537,7 @@ class CompactBatch:
         if self.filler:
             return PackedBatch.filler_like(self.binding, self.rows, self.capacity, self.policy)
         arrays = expanded_arrays(self.rows, self.capacity, block)
-        fill_compact(self.tokens, self.occurrences, *arrays.values())
+        fill_compact(self.tokens, kernel_mask(self.mask), self.occurrences, *arrays.values())
         return PackedBatch(
             # (mypy matches a ** dict against every parameter, the bool and Binding ones too)
             **arrays,  # type: ignore[arg-type]
@@ -515,12 +554,25 @@ class CompactBatch:
 
     @property
     def nbytes(self) -> int:
-        return int(self.tokens.nbytes + self.occurrences.nbytes + self.sources.nbytes)
+        mask = 0 if self.mask is None else self.mask.nbytes
+        return int(self.tokens.nbytes + self.occurrences.nbytes + self.sources.nbytes + mask)
 
     @property
     def real_tokens(self) -> int:
         """Prediction pairs (real targets) this batch holds."""
         return int((self.occurrences["stop"] - self.occurrences["start"]).sum())
+
+    @property
+    def supervised_targets(self) -> int:
+        """Loss-eligible targets (rule C5): ``expand().loss_mask.sum()``, without expanding.
+        Every token but each range's first is a target; the mask marks the eligible ones."""
+        if self.mask is None:
+            return self.real_tokens
+        lengths = (self.occurrences["range_stop"] - self.occurrences["range_start"]).astype(
+            np.int64
+        )
+        firsts = np.cumsum(lengths) - lengths  # each range's first token: never a target
+        return int(np.count_nonzero(self.mask)) - int(np.count_nonzero(self.mask[firsts]))
 
     def check_binding(self, expected: Binding) -> None:
         check_binding(self.binding, expected)
