@@ -134,3 +134,32 @@ WRITERS = {
     "arrow_file": write_arrow_file,
     "megatron": write_megatron,
 }
+
+
+def write_masked_shards(
+    root: Path, docs: list[list[int]], masks: list[list[int]], *, shards: int = 2
+) -> Path:
+    """Token shards (``NAME.tokens.npy`` uint16, ``NAME.offsets.npy`` int64) with each
+    document's supervision mask beside them (``NAME.mask.npy``, uint8, one 0/1 per token)."""
+    names = []
+    for index, part in enumerate(np.array_split(np.arange(len(docs)), shards)):
+        name = f"shard-{index:03d}"
+        chosen = [docs[i] for i in part]
+        np.save(root / f"{name}.tokens.npy", np.concatenate(chosen).astype(np.uint16))
+        np.save(root / f"{name}.offsets.npy", np.cumsum([0, *map(len, chosen)]).astype(np.int64))
+        np.save(
+            root / f"{name}.mask.npy", np.concatenate([masks[i] for i in part]).astype(np.uint8)
+        )
+        names.append(name)
+    return manifest(root, shards=names)
+
+
+def prompt_response_masks(docs: list[list[int]], seed: int = 0) -> list[list[int]]:
+    """A mask per document as chat data has one: a prompt (0s) of a random length, then
+    the response (1s), at least one supervised token."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for doc in docs:
+        prompt = int(rng.integers(1, len(doc)))
+        out.append([0] * prompt + [1] * (len(doc) - prompt))
+    return out

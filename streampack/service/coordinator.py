@@ -409,6 +409,7 @@ class Coordinator:
         arrays = window.arrays()
         if not with_tokens:  # planning needs the ranges only: half the bytes stay here
             arrays["tokens"] = arrays["tokens"][:0]
+            arrays["mask"] = arrays["mask"][:0]  # and the supervision mask of the tokens
         fields = {
             "epoch": window.epoch,
             "window": window.index,
