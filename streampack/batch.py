@@ -379,11 +379,21 @@ class PackedBatch:
         - ``max_seqlen_q``, ``max_seqlen_kv``: int, the longest padded span
           (``CuSeqlens.max_seqlen_padded``), which bounds every real length too.
 
-        No Megatron import here: the dict is splatted by the caller. Needs PyTorch.
+        No Megatron import here: the dict is splatted by the caller. Needs PyTorch. The
+        loss mask Megatron takes beside it is :meth:`megatron_loss_mask`.
         """
         from .exports import megatron_arguments
 
         return megatron_arguments(self, device)
+
+    def megatron_loss_mask(self, device: Any = None) -> Any:
+        """Megatron's ``loss_mask`` for this batch as one THD sequence: float32 ``[1,
+        rows * capacity]``, 1 on the loss-eligible cells (rule C5: a supervision mask's
+        marked targets only), 0 elsewhere, laid out as ``to_megatron``'s tokens. Needs
+        PyTorch."""
+        from .exports import megatron_loss_mask
+
+        return megatron_loss_mask(self, device)
 
     def to_torch(self, device: Any = None, pin_memory: bool = False) -> dict[str, Any]:
         """The array fields as PyTorch tensors (zero-copy on CPU). Needs the torch extra."""
