@@ -164,6 +164,10 @@ class PackedBatch:
     sources: np.ndarray = None  # type: ignore[assignment]
     #: The ``PackConfig.policy`` that placed the occurrences ("next_fit" or "best_fit").
     policy: str = "next_fit"
+    #: Loss-eligible targets of this batch's whole optimizer step (every rank, every
+    #: micro-batch: ``streampack.loss``), as the service and ``digest`` give it; None
+    #: for a batch packed alone, whose step nobody knows.
+    step_targets: int | None = None
 
     ARRAY_FIELDS = tuple(ARRAY_DTYPES)
 
@@ -198,10 +202,15 @@ class PackedBatch:
 
     @classmethod
     def filler_like(
-        cls, binding: Binding, rows: int, capacity: int, policy: str = "next_fit"
+        cls,
+        binding: Binding,
+        rows: int,
+        capacity: int,
+        policy: str = "next_fit",
+        step_targets: int | None = None,
     ) -> PackedBatch:
         """An all-padding batch (no occurrences, no targets), flagged ``filler``; it
-        reports the ``policy`` of the stream it pads."""
+        reports the ``policy`` of the stream it pads (and its step's targets)."""
         shape = (rows, capacity)
         return cls(
             inputs=np.full(shape, PAD_CELL, np.int32),
@@ -217,6 +226,7 @@ class PackedBatch:
             binding=binding,
             filler=True,
             policy=policy,
+            step_targets=step_targets,
         )
 
     # -- permission (rule C6) -------------------------------------------------------
@@ -333,6 +343,7 @@ class PackedBatch:
         mask: str | None = None,
         mask_dtype: Any = None,
         device: Any = None,
+        num_items_in_batch: bool = False,
     ) -> dict[str, Any]:
         """Keyword arguments for a transformers causal LM: ``model(**batch.to_hf(...))``.
 
@@ -350,6 +361,11 @@ class PackedBatch:
                 (``"padding"``) is refused: it disables transformers' packed-sequence
                 detection.
             device: where to put the tensors (default: CPU, zero-copy where possible).
+            num_items_in_batch: also pass ``step_targets`` (at least 1) as transformers'
+                ``num_items_in_batch``: the model's loss is then the NLL sum over this
+                batch divided by the targets of the whole optimizer step (multiply by
+                the world size under DDP; ``streampack.loss``). A filler's is exactly 0.
+                Needs a batch that knows its step (from the service or ``digest``).
 
         Returns ``input_ids``, ``position_ids`` (int64), ``shift_labels`` (int64, the
         targets, -100 outside ``loss_mask``), ``labels`` (the same tensor: transformers
@@ -360,7 +376,16 @@ class PackedBatch:
         """
         from .exports import hf_arguments
 
-        return hf_arguments(self, layout, pad_id, mask, mask_dtype, device)
+        arguments = hf_arguments(self, layout, pad_id, mask, mask_dtype, device)
+        if num_items_in_batch:
+            if self.step_targets is None:
+                raise InvalidArray(
+                    "num_items_in_batch=True needs step_targets, which this batch does not "
+                    "carry (it was packed alone); take batches from the service or digest, "
+                    "or divide the NLL sum by your own step count"
+                )
+            arguments["num_items_in_batch"] = max(self.step_targets, 1)
+        return arguments
 
     def to_megatron(self, device: Any = None) -> dict[str, Any]:
         """Megatron-Core's THD parameters: ``PackedSeqParams(**batch.to_megatron())``.
@@ -437,6 +462,7 @@ class CompactBatch:
     sources: np.ndarray = None  # type: ignore[assignment]  # as PackedBatch.sources
     policy: str = "next_fit"  # as PackedBatch.policy
     mask: np.ndarray | None = None  # uint8 0/1 per entry of ``tokens``, or None
+    step_targets: int | None = None  # as PackedBatch.step_targets
 
     def __post_init__(self) -> None:
         if self.sources is None:
@@ -490,11 +516,13 @@ class CompactBatch:
                 fail(
                     "a batch is a filler exactly when it has no occurrences, no tokens and no mask"
                 )
+            self._check_step(fail, 0)
             return self
         from .kernels import pack_cpu as k
 
         code, at = k.check_compact(occ, tokens, self.rows, self.capacity, self.binding.vocab_size)
         if code == k.COMPACT_OK:
+            self._check_step(fail, self.supervised_targets)
             return self
         if code == k.COMPACT_TOKEN_COUNT:
             fail(f"token count must match the ranges: {tokens.size} tokens, the ranges select {at}")
@@ -521,6 +549,15 @@ class CompactBatch:
         }
         fail(f"{rule}; occurrence {at} has {record}")
 
+    def _check_step(self, fail: Callable[[str], NoReturn], own: int) -> None:
+        """A step's targets include this batch's own ``own`` (a trainer divides by it)."""
+        step = self.step_targets
+        if step is not None and (type(step) is not int or step < own):
+            fail(
+                f"step_targets {step!r}; accepted: an integer >= this batch's {own} "
+                "loss-eligible targets (its step includes it)"
+            )
+
     def _check_mask(self, fail: Callable[[str], NoReturn]) -> None:
         """The mask is None or one uint8 0/1 per token: the fill reads it by token index."""
         mask = self.mask
@@ -545,7 +582,9 @@ class CompactBatch:
         from .kernels.pack_cpu import fill_compact
 
         if self.filler:
-            return PackedBatch.filler_like(self.binding, self.rows, self.capacity, self.policy)
+            return PackedBatch.filler_like(
+                self.binding, self.rows, self.capacity, self.policy, self.step_targets
+            )
         arrays = expanded_arrays(self.rows, self.capacity, block)
         fill_compact(self.tokens, kernel_mask(self.mask), self.occurrences, *arrays.values())
         return PackedBatch(
@@ -555,6 +594,7 @@ class CompactBatch:
             binding=self.binding,
             sources=self.sources,
             policy=self.policy,
+            step_targets=self.step_targets,
         )
 
     @property

@@ -44,9 +44,14 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  rank`, `base + rank + world_size`, ...
                                                  (`base` is 0 except in the epoch an elastic
                                                  resume continues: see client.resume_cursor)
-    batch      P->C  epoch index window batch filler binding rows capacity policy
+    batch      P->C  epoch index window batch filler step_targets binding rows
+                                                 capacity policy
                                                  (`policy`: the PackConfig.policy that
-                                                 placed the batch, version 6)
+                                                 placed the batch, version 6;
+                                                 `step_targets`: the loss-eligible
+                                                 targets of the batch's optimizer step
+                                                 for the asking rank's world size, -1
+                                                 unknown, version 7)
                                                  frames: tokens occurrences sources mask
                                                  (a compact batch: the selected tokens,
                                                  occurrence records, each occurrence's
@@ -165,6 +170,7 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("window", _INT),
             ("batch", _INT),
             ("filler", _BOOL),
+            ("step_targets", _INT),
             ("binding", _MAP),
             ("rows", _INT),
             ("capacity", _INT),
@@ -525,9 +531,15 @@ def mask_from_frames(arrays: Mapping[str, np.ndarray]) -> np.ndarray | None:
 
 
 def batch_shape(batch: CompactBatch) -> dict[str, int | str]:
-    """The header fields that say how to expand a ``CompactBatch``, and which placement
-    policy made it."""
-    return {"rows": batch.rows, "capacity": batch.capacity, "policy": batch.policy}
+    """The header fields that say how to expand a ``CompactBatch``, which placement
+    policy made it, and its step's targets (-1: unknown)."""
+    step = -1 if batch.step_targets is None else batch.step_targets
+    return {
+        "step_targets": step,
+        "rows": batch.rows,
+        "capacity": batch.capacity,
+        "policy": batch.policy,
+    }
 
 
 def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) -> CompactBatch:
@@ -550,6 +562,7 @@ def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) ->
             filler=f["filler"],
             policy=f["policy"],
             mask=mask_from_frames(message.arrays),
+            step_targets=None if f["step_targets"] == -1 else f["step_targets"],
         ).checked(max_cells=limits.max_frame_bytes // 4)
     except InvalidArray as exc:
         raise ProtocolError(str(exc)) from None

@@ -477,3 +477,19 @@ def test_a_window_carries_its_mask_to_a_worker_that_needs_tokens_only():
     short = window.arrays() | {"mask": examples.mask[:5]}
     with pytest.raises(ProtocolError, match=r"mask frame of shape \[5\] for tokens of shape"):
         window_examples(wire.decode(wire.encode("window", fields, short)).arrays)
+
+
+def test_a_batch_header_carries_its_steps_targets_and_a_bad_count_is_refused():
+    compact = dataclasses.replace(masked_compact(), step_targets=40)
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
+    # ... "filler": false, "step_targets": 40, then "binding"
+    assert (
+        bytes.fromhex("a6" + b"filler".hex() + "c2ac" + b"step_targets".hex() + "28") in (frames[0])
+    )
+    assert wire.batch_from_message(wire.decode(frames)).expand().step_targets == 40
+    unknown = wire.encode("batch", batch_fields(masked_compact()), wire.batch_arrays(compact))
+    assert wire.batch_from_message(wire.decode(unknown)).step_targets is None  # sent as -1
+    # A step includes the batch: fewer targets than the batch's own 6 is refused.
+    short = wire.encode("batch", batch_fields(compact, step_targets=5), wire.batch_arrays(compact))
+    with pytest.raises(ProtocolError, match="step_targets 5; accepted: an integer >= .* 6"):
+        wire.batch_from_message(wire.decode(short))
