@@ -502,13 +502,22 @@ def compare_executions(
     """
     occ = batch.occurrences
     subset = select_examples(examples, occ["ordinal"])
-    alone = [decoder.evaluate(cells) for cells in decoder.cells_separate(subset)]
+    # With a supervision mask each separate run scores the targets the mask marks (C5);
+    # its logits are NaN elsewhere, so only those cells are compared below.
+    eligibility = _occurrence_eligibility(batch, examples)
+    separate_cells = decoder.cells_separate(subset)
+    for cells, own in zip(separate_cells, eligibility):
+        cells.eligible = own[None, :].copy()
+    alone = [decoder.evaluate(cells) for cells in separate_cells]
     separate_logits = [logits[0] for logits, _ in alone]
     separate = sum_parts([result for _, result in alone])
     packed_cells = decoder.cells_from_batch(batch)
+    padded_cells = decoder.cells_padded(subset)
+    for j, own in enumerate(eligibility):
+        padded_cells.eligible[j, : own.size] = own
     runs = {
         "packed": (decoder.evaluate(packed_cells, device=device), True),
-        "padded": (decoder.evaluate(decoder.cells_padded(subset)), False),
+        "padded": (decoder.evaluate(padded_cells), False),
     }
     if _with_causal_prefix:
         widened = decoder.evaluate(packed_cells, device=device, causal_prefix=True)
@@ -524,7 +533,16 @@ def compare_executions(
                 mine = logits[row, start : start + length]
             else:
                 mine = logits[j, :length]
-            comparison.add_logits(mine, separate_logits[j], f"occurrence {int(rec['ordinal'])}")
+            own = eligibility[j]
+            comparison.add_logits(
+                mine[own], separate_logits[j][own], f"occurrence {int(rec['ordinal'])}"
+            )
+            if not np.isnan(mine[~own]).all():  # a cell scored that the mask leaves out
+                comparison.failures += 1
+                comparison.notes.append(
+                    f"occurrence {int(rec['ordinal'])}: cells outside its supervision mask "
+                    "were scored (rule C5)"
+                )
         comparison.add_loss(result, separate)
         comparisons[name] = comparison
     return Equivalence(

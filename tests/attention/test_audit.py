@@ -206,3 +206,22 @@ def test_a_masked_batch_with_long_occurrences_is_audited_on_the_marked_prefix():
     assert audit(batch, examples=examples).passed
     assert audit(batch, examples=examples, config=DecoderConfig.large(), seed=3).passed
     assert not audit(batch).passed  # without its examples a batch is taken as unmasked
+
+
+def test_the_equivalence_suite_scores_only_the_marked_targets_of_a_masked_batch_c5():
+    from streampack.audit import compare_executions
+    from streampack.decoder import Decoder
+
+    examples, batch = _masked_worked()
+    decoder = Decoder.init(DecoderConfig.large(), 0)
+    result = compare_executions(decoder, examples, batch)
+    assert result.passed, (result.packed_vs_separate.notes, result.padded_vs_separate.notes)
+    assert result.packed_vs_separate.logits == 6 * 266  # the 6 marked targets only
+    (ignored,) = sp.pack_examples(
+        dataclasses.replace(examples, mask=None),
+        BINDING,
+        sp.PackConfig(capacity=6, max_rows_per_batch=2),
+    ).batches
+    wrong = compare_executions(decoder, examples, ignored)
+    assert not wrong.packed_vs_separate.passed
+    assert "were scored (rule C5)" in " ".join(wrong.packed_vs_separate.notes)
