@@ -84,6 +84,7 @@ from .examples import (
 from .kernels.pack_cpu import (
     fill_rows,
     gather_ranges,
+    gather_ranges_masked,
     group_by_row,
     plan_best_fit,
     plan_next_fit,
@@ -456,6 +457,24 @@ def select_mask(
     return _gather(mask, offsets, doc, start, stop, np.uint8)[0]
 
 
+def _select_tokens_and_mask(
+    tokens: np.ndarray,
+    mask: np.ndarray,
+    offsets: np.ndarray,
+    doc: np.ndarray,
+    start: np.ndarray,
+    stop: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`select_tokens` and :func:`select_mask` in one compiled pass."""
+    out_offsets = np.zeros(len(doc) + 1, np.int64)
+    np.cumsum(stop - start, out=out_offsets[1:])
+    dtype = np.uint16 if tokens.dtype == np.uint16 else np.int32
+    out: np.ndarray = np.empty(int(out_offsets[-1]), dtype)
+    out_mask: np.ndarray = np.empty(int(out_offsets[-1]), np.uint8)
+    gather_ranges_masked(tokens, mask, offsets, doc, start, stop, out_offsets, out, out_mask)
+    return out, out_mask, out_offsets
+
+
 def _gather(
     values: np.ndarray,
     offsets: np.ndarray,
@@ -490,8 +509,13 @@ def compact_batches(
         examples.start[ordinal],
         examples.stop[ordinal],
     )
-    selected, token_offsets = select_tokens(examples.tokens, *ranges)
-    mask = select_mask(examples.mask, *ranges)
+    if examples.mask is None:
+        selected, token_offsets = select_tokens(examples.tokens, *ranges)
+        mask = None
+    else:
+        selected, mask, token_offsets = _select_tokens_and_mask(
+            examples.tokens, examples.mask, *ranges
+        )
     ends = np.cumsum(sizes)
     return [
         CompactBatch(

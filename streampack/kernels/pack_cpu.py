@@ -137,8 +137,13 @@ def _write_example(
         positions[r, c] = j
         input_valid[r, c] = True
         target_valid[r, c] = True
-        loss_mask[r, c] = not masked or mask[base + j + 1] != 0
         segment_starts[r, c] = column
+    if masked:
+        for j in range(length):
+            loss_mask[r, column + j] = mask[base + j + 1] != 0
+    else:
+        for j in range(length):
+            loss_mask[r, column + j] = True
 
 
 @njit(inline="always")
@@ -305,6 +310,20 @@ def gather_ranges(tokens, offsets, doc, start, stop, out_offsets, out):  # pragm
         target = out_offsets[i]
         for j in range(stop[i] - start[i]):
             out[target + j] = tokens[base + j]
+
+
+@njit(parallel=True, cache=True)
+def gather_ranges_masked(
+    tokens, mask, offsets, doc, start, stop, out_offsets, out, out_mask
+):  # pragma: no cover - compiled
+    """:func:`gather_ranges` of the tokens and their supervision mask in one pass (one
+    loop over the ranges, not two)."""
+    for i in prange(doc.shape[0]):
+        base = offsets[doc[i]] + start[i]
+        target = out_offsets[i]
+        for j in range(stop[i] - start[i]):
+            out[target + j] = tokens[base + j]
+            out_mask[target + j] = mask[base + j]
 
 
 #: Codes of :func:`check_compact`, in the order it tests them.
