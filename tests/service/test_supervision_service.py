@@ -152,7 +152,7 @@ def test_a_worker_packs_a_masked_window_and_refuses_a_malformed_mask():
 def test_a_masked_token_shard_corpus_arrives_exactly_once_with_its_masks(tmp_path):
     """Through real processes, 2 ranks, a worker killed mid-stream: each rank receives
     the stream the in-process ``digest`` computes, masks included."""
-    docs = documents(120, seed=3)
+    docs = documents(1500, seed=3)
     corpus = write_masked_shards(tmp_path, docs, prompt_response_masks(docs, seed=3))
     spec = CutSpec(
         capacity=SMALL["capacity"],
@@ -164,7 +164,8 @@ def test_a_masked_token_shard_corpus_arrives_exactly_once_with_its_masks(tmp_pat
             "the token-shard reader does not read NAME.mask.npy on this branch yet "
             "(the corpus side of issue 20); this test runs once both sides are merged"
         )
-    settings = {"heartbeat_timeout": 2.0, "reorder_budget_bytes": 150_000}
+    # A reorder budget of a few batches paces cutting by the ranks' fetches.
+    settings = {"heartbeat_timeout": 2.0, "reorder_budget_bytes": 30_000}
     reference = {rank: expected(corpus, rank, 2, **settings) for rank in (0, 1)}
     (tmp_path / "plain").mkdir()
     plain = write_masked_shards(tmp_path / "plain", docs, [[1] * len(d) for d in docs])
@@ -173,7 +174,12 @@ def test_a_masked_token_shard_corpus_arrives_exactly_once_with_its_masks(tmp_pat
         victim = service.add_worker()
 
         def kill_once_it_holds_windows():
+            # Once the ranks are being served, freeze the only worker: the producer keeps
+            # handing it windows, which it holds; then kill it and start a replacement.
             deadline = time.monotonic() + 120
+            while service.stats()["batches_served"] < 4 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            os.kill(victim.pid, signal.SIGSTOP)
             while service.stats()["windows_in_flight"] == 0 and time.monotonic() < deadline:
                 time.sleep(0.02)
             os.kill(victim.pid, signal.SIGKILL)  # whatever it held goes to the next worker
