@@ -363,6 +363,7 @@ class Delivery:
                 self.ready_bytes -= entry.batch.nbytes
             self.counters.add("batches_served")
             self.counters.add("tokens_served", entry.batch.real_tokens)
+            self.counters.add("supervised_targets_served", entry.batch.supervised_targets)
             self.counters.add("cells_served", entry.batch.rows * entry.batch.capacity)
             occurrences = entry.batch.occurrences
             self.counters.served_by_source(

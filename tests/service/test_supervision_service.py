@@ -192,6 +192,8 @@ def test_a_masked_token_shard_corpus_arrives_exactly_once_with_its_masks(tmp_pat
         killer.join(60)
         final = service.stats()
     assert final["workers_lost"] >= 1
+    served = sum(int(b.loss_mask.sum()) for items in received.values() for _, b in items)
+    assert served <= final["supervised_targets_served"] < final["tokens_served"]  # replays count
     for rank in (0, 1):
         assert stream_digest(received[rank]) == (
             reference[rank]["digest"],
@@ -199,3 +201,23 @@ def test_a_masked_token_shard_corpus_arrives_exactly_once_with_its_masks(tmp_pat
         )
         supervised = sum(int(b.loss_mask.sum()) for _, b in received[rank])
         assert 0 < supervised < sum(int(b.target_valid.sum()) for _, b in received[rank])
+
+
+def test_the_producer_counts_the_supervised_targets_it_serves():
+    """Unmasked, every real target is supervised: the counter equals tokens_served and
+    the stream's own count (masked corpora: the e2e test above)."""
+    from _harness import Harness
+
+    harness = Harness()
+    harness.join(b"w1")
+    harness.drain(b"c", 0, 1)
+    counters = harness.counters
+    want = sum(int(b.loss_mask.sum()) for _, _, b in _rank0_stream())
+    assert counters["supervised_targets_served"] == counters["tokens_served"] == want > 0
+
+
+def _rank0_stream():
+    from streampack.service.digest import rank_stream
+    from streampack.settings import ProducerSettings
+
+    return rank_stream(ProducerSettings(corpus=str(FIXTURE), **SMALL), 0, 1)
