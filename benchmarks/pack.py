@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit
 
 import streampack as sp
-from streampack.batch import BYTES_PER_CELL, CELL_DTYPES
+from streampack.batch import BYTES_PER_CELL, CELL_DTYPES, kernel_mask
 from streampack.kernels.pack_cpu import fill_rows, plan_next_fit
 from streampack.reference.packing import reference_pack
 
@@ -74,6 +74,24 @@ def corpus(documents: int, seed: int = 0) -> sp.Examples:
         doc=np.arange(documents),
         start=np.zeros(documents, np.int64),
         stop=lengths,
+    )
+
+
+def with_prompt_masks(examples: sp.Examples, seed: int = 1) -> sp.Examples:
+    """``examples`` with a supervision mask per document: 0 for a prompt of a uniform
+    random share of the document, then 1 (at least the last token is supervised)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.diff(examples.offsets)
+    prompts = (rng.random(len(lengths)) * (lengths - 1)).astype(np.int64)
+    local = np.arange(examples.tokens.shape[0]) - np.repeat(examples.offsets[:-1], lengths)
+    mask = (local >= np.repeat(prompts, lengths)).astype(np.uint8)
+    return sp.Examples(
+        tokens=examples.tokens,
+        offsets=examples.offsets,
+        doc=examples.doc,
+        start=examples.start,
+        stop=examples.stop,
+        mask=mask,
     )
 
 
@@ -159,6 +177,7 @@ def _allocate_and_fill(tokens, offsets, doc, start, stop, row_first, capacity):
     order = np.arange(doc.shape[0])
     fill_rows(
         tokens,
+        np.zeros(0, np.uint8),  # no supervision mask (kernels.pack_cpu)
         offsets,
         doc,
         start,
@@ -206,6 +225,7 @@ def fill_allocated_by_numpy(examples: sp.Examples) -> callable:
         out = {name: np.empty((rows, CAPACITY), d) for name, d in CELL_DTYPES.items()}
         fill_rows(
             examples.tokens,
+            kernel_mask(None),
             examples.offsets,
             examples.doc,
             examples.start,
@@ -234,6 +254,7 @@ def prefaulted_fill(examples: sp.Examples) -> tuple[callable, int]:
     def run():
         fill_rows(
             examples.tokens,
+            kernel_mask(None),
             examples.offsets,
             examples.doc,
             examples.start,
@@ -342,6 +363,18 @@ def main() -> None:
     seconds = {
         "pack_examples": best_of(args.repeats, lambda: sp.pack_examples(examples, binding, config))
     }
+    # The same corpus with a supervision mask (a prompt of a random length, then the
+    # response: rule C5): packing reads one byte more a token and writes the same cells.
+    masked = with_prompt_masks(examples)
+    seconds["pack_examples_masked"] = best_of(
+        args.repeats, lambda: sp.pack_examples(masked, binding, config)
+    )
+    seconds["pack_compact"] = best_of(
+        args.repeats, lambda: sp.pack_compact(examples, binding, config)
+    )
+    seconds["pack_compact_masked"] = best_of(
+        args.repeats, lambda: sp.pack_compact(masked, binding, config)
+    )
     seconds["copy_bound"] = best_of(args.repeats, copy_bound(cells))
     fill, _ = prefaulted_fill(examples)
     fill()
@@ -377,6 +410,10 @@ def main() -> None:
                     k: round(v / rate["copy_bound"], 3)
                     for k, v in rate.items()
                     if k != "copy_bound"
+                },
+                "masked_vs_unmasked": {
+                    "pack_examples": round(rate["pack_examples_masked"] / rate["pack_examples"], 3),
+                    "pack_compact": round(rate["pack_compact_masked"] / rate["pack_compact"], 3),
                 },
                 "pack_examples_vs_python_numpy": round(
                     rate["pack_examples"] / rate["python_numpy_next_fit"], 1

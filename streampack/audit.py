@@ -173,6 +173,18 @@ def _occurrence_sequences(batch: Any, examples: Any = None) -> list[np.ndarray]:
     return sequences
 
 
+def _occurrence_eligibility(batch: Any, examples: Any = None) -> list[np.ndarray]:
+    """Which pairs of every occurrence rule C5 makes loss-eligible, from the source:
+    those whose target token ``examples``' mask marks, or all of them without a mask.
+    (Without ``examples`` a batch is taken to be unmasked: only its examples know.)"""
+    out = []
+    for rec in batch.occurrences:
+        pairs = int(rec["stop"] - rec["start"])
+        mask = None if examples is None else examples.example_mask(int(rec["ordinal"]))
+        out.append(np.ones(pairs, bool) if mask is None else np.asarray(mask[1:], bool))
+    return out
+
+
 def _cropped_cells(batch: Any, keep: np.ndarray) -> tuple[Cells, list[tuple[int, int, int]]]:
     """Rows rebuilt from each occurrence's first ``keep[j]`` cells, side by side.
 
@@ -227,13 +239,16 @@ def _relabel(tokens: np.ndarray, seen: np.ndarray) -> np.ndarray:
     return np.where(tokens == PAD_CELL, PAD_CELL, out)
 
 
-def _alone_by_length(sequences: list[np.ndarray]) -> list[tuple[list[int], Cells]]:
+def _alone_by_length(
+    sequences: list[np.ndarray], eligibility: list[np.ndarray]
+) -> list[tuple[list[int], Cells]]:
     """Separate execution, with equal-length occurrences stacked as rows of one call.
 
     Rows never interact (attention stays inside a row, everything else is per cell),
     and each row here is one occurrence from column 0 with no padding, so this is the
-    same computation as one call per occurrence, with far fewer calls. Logits of
-    member ``i`` are rows ``[i * L, (i + 1) * L)`` of the eligible-cell logits.
+    same computation as one call per occurrence, with far fewer calls. Cell ``c`` of
+    member ``i`` is eligible when ``eligibility[i][c]``; the eligible-cell logits are
+    in row-major order, member by member.
     """
     groups: dict[int, list[int]] = {}
     for j, seq in enumerate(sequences):
@@ -251,7 +266,7 @@ def _alone_by_length(sequences: list[np.ndarray]) -> list[tuple[list[int], Cells
                     positions=np.broadcast_to(np.arange(length), (rows, length)).copy(),
                     segment_starts=np.zeros((rows, length), np.int32),
                     valid_lengths=np.full(rows, length, np.int32),
-                    eligible=np.ones((rows, length), bool),
+                    eligible=np.stack([eligibility[j][:length] for j in members]),
                 ),
             )
         )
@@ -304,7 +319,11 @@ def audit(
         seed: parameter seed of the untrained decoder.
         device: ``"cpu"`` or ``"cuda"`` for the packed attention kernels.
         examples: optionally the ``Examples`` the batch was packed from (occurrence
-            ordinals index it); then the separate runs read the source tokens.
+            ordinals index it); then the separate runs read the source tokens, and
+            their supervision mask: a separate run scores exactly the targets the mask
+            marks (C5), and the packed batch must make those cells, and only those,
+            loss-eligible. A masked batch needs its examples (without them every
+            real target is expected to be eligible).
         compact_vocabulary: relabel the distinct tokens of the audited cells to
             ``0..U-1`` (in increasing order) and size the decoder's vocabulary ``U``.
             A relabeling is one-to-one, so no two different tokens become alike and
@@ -316,17 +335,14 @@ def audit(
     vocab = int(batch.binding.vocab_size)
     occ = batch.occurrences
     if len(occ) == 0:
-        return AuditReport(
-            passed=True,
-            max_logit_diff=0.0,
-            max_loss_diff=0.0,
-            max_grad_diff=0.0,
-            comparisons=0,
-            occurrences=0,
-            cropped=0,
-            max_positions=config.max_positions,
-            vocab_size=0,
+        return _report(
+            Comparison(),
+            0,
+            0,
+            config,
+            0,
             notes=("no occurrences: nothing to compare",),
+            comparisons=0,
         )
     lengths = (occ["stop"] - occ["start"]).astype(np.int64)
     keep = np.minimum(lengths, config.max_positions)
@@ -338,17 +354,16 @@ def audit(
     seen = seen[seen != PAD_CELL]
     outside = seen[(seen < 0) | (seen >= vocab)]
     if outside.size:
-        return AuditReport(
-            passed=False,
-            max_logit_diff=float("inf"),
-            max_loss_diff=float("inf"),
-            max_grad_diff=float("inf"),
-            comparisons=0,
-            occurrences=int(len(occ)),
-            cropped=cropped,
-            max_positions=config.max_positions,
-            vocab_size=vocab,
+        failed = Comparison(failures=1)
+        failed.max_logit_diff = failed.max_loss_diff = failed.max_grad_diff = float("inf")
+        return _report(
+            failed,
+            len(occ),
+            cropped,
+            config,
+            vocab,
             notes=(f"token {int(outside[0])} is outside the vocabulary [0, {vocab})",),
+            comparisons=0,
         )
     if compact_vocabulary:
         cells.inputs = _relabel(cells.inputs, seen)
@@ -356,7 +371,25 @@ def audit(
         sequences = [_relabel(seq, seen) for seq in sequences]
         vocab = int(seen.size)
     decoder = Decoder.init(dataclasses.replace(config, vocab_size=vocab), seed)
+    eligibility = [e[: int(k)] for e, k in zip(_occurrence_eligibility(batch, examples), keep)]
+    comparison = _compare_packed_with_alone(
+        decoder, batch, cells, placement, sequences, eligibility, device
+    )
+    return _report(comparison, len(occ), cropped, config, vocab)
 
+
+def _compare_packed_with_alone(
+    decoder: Decoder,
+    batch: PackedBatch,
+    cells: Cells,
+    placement: list[tuple[int, int, int]],
+    sequences: list[np.ndarray],
+    eligibility: list[np.ndarray],
+    device: str,
+) -> Comparison:
+    """Positions (C4), then, occurrence by occurrence, which cells are loss-eligible
+    (C5) and their logits; then the loss sums and every gradient coordinate (C7)."""
+    occ = batch.occurrences
     comparison = Comparison()
     comparison.notes.extend(_position_notes(batch))
     comparison.failures += len(comparison.notes)
@@ -366,33 +399,50 @@ def audit(
     eligible_index = np.full(cells.shape, -1, np.int64)
     eligible_index[cells.eligible] = np.arange(packed.count)
     parts = []
-    for members, alone in _alone_by_length(sequences):
+    for members, alone in _alone_by_length(sequences, eligibility):
         part, logits_alone = decoder.loss_and_logits(alone)
         parts.append(part)
-        length = alone.shape[1]
-        for i, j in enumerate(members):
+        first = 0  # where member i's eligible logits begin in logits_alone
+        for j in members:
             row, new, n = placement[j]
             what = f"occurrence {int(occ['ordinal'][j])}"
             index = eligible_index[row, new : new + n]
-            if np.any(index < 0):
+            own = eligibility[j]
+            count = int(own.sum())
+            if not np.array_equal(index >= 0, own):
                 comparison.failures += 1
-                missing = int(np.sum(index < 0))
-                comparison.notes.append(f"{what}: {missing} cells not loss-eligible")
-                continue
-            own = logits_alone[i * length : (i + 1) * length]
-            comparison.add_logits(logits[index], own, what)
+                comparison.notes.append(
+                    f"{what}: loss-eligible cells {np.flatnonzero(index >= 0).tolist()[:8]} "
+                    f"but its targets are eligible at {np.flatnonzero(own).tolist()[:8]} "
+                    "(rules C5, C7)"
+                )
+            else:
+                comparison.add_logits(logits[index[own]], logits_alone[first : first + count], what)
+            first += count
     comparison.add_loss(packed, sum_parts(parts))
+    return comparison
+
+
+def _report(
+    comparison: Comparison,
+    occurrences: int,
+    cropped: int,
+    config: DecoderConfig,
+    vocab: int,
+    notes: tuple[str, ...] | None = None,
+    comparisons: int | None = None,
+) -> AuditReport:
     return AuditReport(
         passed=comparison.passed,
         max_logit_diff=comparison.max_logit_diff,
         max_loss_diff=comparison.max_loss_diff,
         max_grad_diff=comparison.max_grad_diff,
-        comparisons=comparison.comparisons,
-        occurrences=int(len(occ)),
+        comparisons=comparison.comparisons if comparisons is None else comparisons,
+        occurrences=int(occurrences),
         cropped=cropped,
         max_positions=config.max_positions,
         vocab_size=vocab,
-        notes=tuple(comparison.notes[:8]),
+        notes=tuple(comparison.notes[:8]) if notes is None else notes,
     )
 
 
@@ -412,6 +462,7 @@ def select_examples(examples: Examples, ordinals: np.ndarray) -> Examples:
         stop=examples.stop[ordinals],
         source_id=examples.source_id[ordinals],
         example_id=examples.example_id[ordinals],
+        mask=examples.mask,
     )
 
 
@@ -451,13 +502,22 @@ def compare_executions(
     """
     occ = batch.occurrences
     subset = select_examples(examples, occ["ordinal"])
-    alone = [decoder.evaluate(cells) for cells in decoder.cells_separate(subset)]
+    # With a supervision mask each separate run scores the targets the mask marks (C5);
+    # its logits are NaN elsewhere, so only those cells are compared below.
+    eligibility = _occurrence_eligibility(batch, examples)
+    separate_cells = decoder.cells_separate(subset)
+    for cells, own in zip(separate_cells, eligibility):
+        cells.eligible = own[None, :].copy()
+    alone = [decoder.evaluate(cells) for cells in separate_cells]
     separate_logits = [logits[0] for logits, _ in alone]
     separate = sum_parts([result for _, result in alone])
     packed_cells = decoder.cells_from_batch(batch)
+    padded_cells = decoder.cells_padded(subset)
+    for j, own in enumerate(eligibility):
+        padded_cells.eligible[j, : own.size] = own
     runs = {
         "packed": (decoder.evaluate(packed_cells, device=device), True),
-        "padded": (decoder.evaluate(decoder.cells_padded(subset)), False),
+        "padded": (decoder.evaluate(padded_cells), False),
     }
     if _with_causal_prefix:
         widened = decoder.evaluate(packed_cells, device=device, causal_prefix=True)
@@ -473,7 +533,16 @@ def compare_executions(
                 mine = logits[row, start : start + length]
             else:
                 mine = logits[j, :length]
-            comparison.add_logits(mine, separate_logits[j], f"occurrence {int(rec['ordinal'])}")
+            own = eligibility[j]
+            comparison.add_logits(
+                mine[own], separate_logits[j][own], f"occurrence {int(rec['ordinal'])}"
+            )
+            if not np.isnan(mine[~own]).all():  # a cell scored that the mask leaves out
+                comparison.failures += 1
+                comparison.notes.append(
+                    f"occurrence {int(rec['ordinal'])}: cells outside its supervision mask "
+                    "were scored (rule C5)"
+                )
         comparison.add_loss(result, separate)
         comparisons[name] = comparison
     return Equivalence(

@@ -19,6 +19,7 @@ see ``[3, 4)`` and ``[3, 5)``, never A's columns.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn
 
@@ -80,6 +81,16 @@ BYTES_PER_ROW = ARRAY_DTYPES["valid_lengths"].itemsize
 #: The order ``expanded_arrays`` lays fields out in one block: widest dtype first, so
 #: every field starts aligned whatever the shape.
 _BLOCK_ORDER = sorted(ARRAY_DTYPES, key=lambda name: -ARRAY_DTYPES[name].itemsize)
+
+
+#: What the compiled fillers take for "no supervision mask" (see ``kernels.pack_cpu``).
+_NO_MASK = np.zeros(0, np.uint8)
+_NO_MASK.flags.writeable = False
+
+
+def kernel_mask(mask: np.ndarray | None) -> np.ndarray:
+    """The ``mask`` argument of the compiled fillers: the mask, or an empty one for none."""
+    return _NO_MASK if mask is None else mask
 
 
 def expanded_nbytes(rows: int, capacity: int) -> int:
@@ -153,6 +164,10 @@ class PackedBatch:
     sources: np.ndarray = None  # type: ignore[assignment]
     #: The ``PackConfig.policy`` that placed the occurrences ("next_fit" or "best_fit").
     policy: str = "next_fit"
+    #: Loss-eligible targets of this batch's whole optimizer step (every rank, every
+    #: micro-batch: ``streampack.loss``), as the service and ``digest`` give it; None
+    #: for a batch packed alone, whose step nobody knows.
+    step_targets: int | None = None
 
     ARRAY_FIELDS = tuple(ARRAY_DTYPES)
 
@@ -187,10 +202,15 @@ class PackedBatch:
 
     @classmethod
     def filler_like(
-        cls, binding: Binding, rows: int, capacity: int, policy: str = "next_fit"
+        cls,
+        binding: Binding,
+        rows: int,
+        capacity: int,
+        policy: str = "next_fit",
+        step_targets: int | None = None,
     ) -> PackedBatch:
         """An all-padding batch (no occurrences, no targets), flagged ``filler``; it
-        reports the ``policy`` of the stream it pads."""
+        reports the ``policy`` of the stream it pads (and its step's targets)."""
         shape = (rows, capacity)
         return cls(
             inputs=np.full(shape, PAD_CELL, np.int32),
@@ -206,6 +226,7 @@ class PackedBatch:
             binding=binding,
             filler=True,
             policy=policy,
+            step_targets=step_targets,
         )
 
     # -- permission (rule C6) -------------------------------------------------------
@@ -269,7 +290,8 @@ class PackedBatch:
 
     def stats(self) -> dict[str, Any]:
         """Storage and attention counts. Per head: dense scores ``rows * capacity**2``,
-        permitted edges ``sum l(l+1)/2`` over occurrences of length ``l``."""
+        permitted edges ``sum l(l+1)/2`` over occurrences of length ``l``. Targets:
+        ``real_targets`` (valid) and ``supervised_targets`` (loss-eligible, rule C5)."""
         occ = self.occurrences
         lengths = (occ["stop"] - occ["start"]).astype(np.int64)
         cells = self.rows * self.capacity
@@ -281,7 +303,10 @@ class PackedBatch:
             "capacity": self.capacity,
             "cells": cells,
             "valid_cells": valid_cells,
-            "real_targets": int(np.count_nonzero(self.loss_mask)),
+            "real_targets": int(np.count_nonzero(self.target_valid)),
+            # Loss-eligible targets (rule C5): the real targets a supervision mask marks;
+            # equal to real_targets for an unmasked corpus.
+            "supervised_targets": int(np.count_nonzero(self.loss_mask)),
             "padding_cells": cells - valid_cells,
             "padding_fraction": 1.0 - valid_cells / cells if cells else 0.0,
             "occurrences": int(occ.shape[0]),
@@ -318,6 +343,7 @@ class PackedBatch:
         mask: str | None = None,
         mask_dtype: Any = None,
         device: Any = None,
+        num_items_in_batch: bool = False,
     ) -> dict[str, Any]:
         """Keyword arguments for a transformers causal LM: ``model(**batch.to_hf(...))``.
 
@@ -335,6 +361,11 @@ class PackedBatch:
                 (``"padding"``) is refused: it disables transformers' packed-sequence
                 detection.
             device: where to put the tensors (default: CPU, zero-copy where possible).
+            num_items_in_batch: also pass ``step_targets`` (at least 1) as transformers'
+                ``num_items_in_batch``: the model's loss is then the NLL sum over this
+                batch divided by the targets of the whole optimizer step (multiply by
+                the world size under DDP; ``streampack.loss``). A filler's is exactly 0.
+                Needs a batch that knows its step (from the service or ``digest``).
 
         Returns ``input_ids``, ``position_ids`` (int64), ``shift_labels`` (int64, the
         targets, -100 outside ``loss_mask``), ``labels`` (the same tensor: transformers
@@ -345,7 +376,16 @@ class PackedBatch:
         """
         from .exports import hf_arguments
 
-        return hf_arguments(self, layout, pad_id, mask, mask_dtype, device)
+        arguments = hf_arguments(self, layout, pad_id, mask, mask_dtype, device)
+        if num_items_in_batch:
+            if self.step_targets is None:
+                raise InvalidArray(
+                    "num_items_in_batch=True needs step_targets, which this batch does not "
+                    "carry (it was packed alone); take batches from the service or digest, "
+                    "or divide the NLL sum by your own step count"
+                )
+            arguments["num_items_in_batch"] = max(self.step_targets, 1)
+        return arguments
 
     def to_megatron(self, device: Any = None) -> dict[str, Any]:
         """Megatron-Core's THD parameters: ``PackedSeqParams(**batch.to_megatron())``.
@@ -364,11 +404,21 @@ class PackedBatch:
         - ``max_seqlen_q``, ``max_seqlen_kv``: int, the longest padded span
           (``CuSeqlens.max_seqlen_padded``), which bounds every real length too.
 
-        No Megatron import here: the dict is splatted by the caller. Needs PyTorch.
+        No Megatron import here: the dict is splatted by the caller. Needs PyTorch. The
+        loss mask Megatron takes beside it is :meth:`megatron_loss_mask`.
         """
         from .exports import megatron_arguments
 
         return megatron_arguments(self, device)
+
+    def megatron_loss_mask(self, device: Any = None) -> Any:
+        """Megatron's ``loss_mask`` for this batch as one THD sequence: float32 ``[1,
+        rows * capacity]``, 1 on the loss-eligible cells (rule C5: a supervision mask's
+        marked targets only), 0 elsewhere, laid out as ``to_megatron``'s tokens. Needs
+        PyTorch."""
+        from .exports import megatron_loss_mask
+
+        return megatron_loss_mask(self, device)
 
     def to_torch(self, device: Any = None, pin_memory: bool = False) -> dict[str, Any]:
         """The array fields as PyTorch tensors (zero-copy on CPU). Needs the torch extra."""
@@ -396,8 +446,10 @@ class CompactBatch:
     Occurrence ``i`` contributes ``stop - start + 1`` tokens to ``tokens`` (its whole
     selected range; int32, or uint16 when the vocabulary fits, as the service sends
     them); ``expand()`` writes the cells exactly as ``pack_examples`` does.
-    This is 2 to 4 bytes per cell instead of 23, so it is what travels between
-    processes. ``checked()`` validates one that arrived from elsewhere, so that the
+    ``mask``, when the examples carry a supervision mask, is their uint8 0/1 mask of
+    those same tokens, one to one (None otherwise): ``expand()`` makes ``loss_mask``
+    from it (rule C5). This is 2 to 5 bytes per cell instead of 23, so it is what
+    travels between processes. ``checked()`` validates one that arrived from elsewhere, so that the
     compiled fill can never read or write outside its arrays.
     """
 
@@ -409,6 +461,8 @@ class CompactBatch:
     filler: bool = False
     sources: np.ndarray = None  # type: ignore[assignment]  # as PackedBatch.sources
     policy: str = "next_fit"  # as PackedBatch.policy
+    mask: np.ndarray | None = None  # uint8 0/1 per entry of ``tokens``, or None
+    step_targets: int | None = None  # as PackedBatch.step_targets
 
     def __post_init__(self) -> None:
         if self.sources is None:
@@ -454,16 +508,21 @@ class CompactBatch:
             )
         if sources.size and int(sources.min()) < 0:
             fail(f"source index {int(sources.min())}; accepted: >= 0")
+        self._check_mask(fail)
         if self.policy not in POLICIES:
             fail(f"policy {self.policy!r}; accepted: {', '.join(map(repr, POLICIES))}")
         if self.filler or occ.size == 0:
-            if not (self.filler and occ.size == 0 and tokens.size == 0):
-                fail("a batch is a filler exactly when it has no occurrences and no tokens")
+            if not (self.filler and occ.size == 0 and tokens.size == 0 and self.mask is None):
+                fail(
+                    "a batch is a filler exactly when it has no occurrences, no tokens and no mask"
+                )
+            self._check_step(fail, 0)
             return self
         from .kernels import pack_cpu as k
 
         code, at = k.check_compact(occ, tokens, self.rows, self.capacity, self.binding.vocab_size)
         if code == k.COMPACT_OK:
+            self._check_step(fail, self.supervised_targets)
             return self
         if code == k.COMPACT_TOKEN_COUNT:
             fail(f"token count must match the ranges: {tokens.size} tokens, the ranges select {at}")
@@ -490,15 +549,44 @@ class CompactBatch:
         }
         fail(f"{rule}; occurrence {at} has {record}")
 
+    def _check_step(self, fail: Callable[[str], NoReturn], own: int) -> None:
+        """A step's targets include this batch's own ``own`` (a trainer divides by it)."""
+        step = self.step_targets
+        if step is not None and (type(step) is not int or step < own):
+            fail(
+                f"step_targets {step!r}; accepted: an integer >= this batch's {own} "
+                "loss-eligible targets (its step includes it)"
+            )
+
+    def _check_mask(self, fail: Callable[[str], NoReturn]) -> None:
+        """The mask is None or one uint8 0/1 per token: the fill reads it by token index."""
+        mask = self.mask
+        if mask is None:
+            return
+        if not isinstance(mask, np.ndarray) or mask.dtype != np.uint8 or mask.ndim != 1:
+            if not isinstance(mask, np.ndarray):
+                fail(f"mask of type {type(mask).__name__}; expected a 1-D uint8 array")
+            fail(f"mask dtype {mask.dtype} shape {mask.shape}; expected 1-D uint8, one per token")
+        if mask.shape != self.tokens.shape:
+            fail(
+                f"mask has {mask.shape[0]} values for {self.tokens.shape[0]} tokens; "
+                "expected one per token"
+            )
+        if mask.size and int(mask.max()) > 1:
+            at = int(np.flatnonzero(mask > 1)[0])
+            fail(f"mask[{at}] = {int(mask[at])}; accepted: 0 or 1")
+
     def expand(self, block: np.ndarray | None = None) -> PackedBatch:
         """The full ``PackedBatch``: every cell written once by the compiled fill, into
         views of ``block`` (see ``expanded_arrays``; a fresh one when None)."""
         from .kernels.pack_cpu import fill_compact
 
         if self.filler:
-            return PackedBatch.filler_like(self.binding, self.rows, self.capacity, self.policy)
+            return PackedBatch.filler_like(
+                self.binding, self.rows, self.capacity, self.policy, self.step_targets
+            )
         arrays = expanded_arrays(self.rows, self.capacity, block)
-        fill_compact(self.tokens, self.occurrences, *arrays.values())
+        fill_compact(self.tokens, kernel_mask(self.mask), self.occurrences, *arrays.values())
         return PackedBatch(
             # (mypy matches a ** dict against every parameter, the bool and Binding ones too)
             **arrays,  # type: ignore[arg-type]
@@ -506,6 +594,7 @@ class CompactBatch:
             binding=self.binding,
             sources=self.sources,
             policy=self.policy,
+            step_targets=self.step_targets,
         )
 
     @property
@@ -515,12 +604,25 @@ class CompactBatch:
 
     @property
     def nbytes(self) -> int:
-        return int(self.tokens.nbytes + self.occurrences.nbytes + self.sources.nbytes)
+        mask = 0 if self.mask is None else self.mask.nbytes
+        return int(self.tokens.nbytes + self.occurrences.nbytes + self.sources.nbytes + mask)
 
     @property
     def real_tokens(self) -> int:
         """Prediction pairs (real targets) this batch holds."""
         return int((self.occurrences["stop"] - self.occurrences["start"]).sum())
+
+    @property
+    def supervised_targets(self) -> int:
+        """Loss-eligible targets (rule C5): ``expand().loss_mask.sum()``, without expanding.
+        Every token but each range's first is a target; the mask marks the eligible ones."""
+        if self.mask is None:
+            return self.real_tokens
+        lengths = (self.occurrences["range_stop"] - self.occurrences["range_start"]).astype(
+            np.int64
+        )
+        firsts = np.cumsum(lengths) - lengths  # each range's first token: never a target
+        return int(np.count_nonzero(self.mask)) - int(np.count_nonzero(self.mask[firsts]))
 
     def check_binding(self, expected: Binding) -> None:
         check_binding(self.binding, expected)

@@ -8,8 +8,16 @@ Python objects::
     offsets  [0, 4, 7, 12]                          document d: tokens[offsets[d]:offsets[d+1]]
     doc      [0, 1, 2]        start [0, 0, 0]   stop [4, 3, 5]
     source_id, example_id     caller's identities, carried to every occurrence
+    mask     [1 1 1 1 | 0 0 1 | 0 0 1 1 1]    optional: 0/1 per token (supervision)
 
 Several examples may select the same document, even the same range (rule C3).
+
+With a ``mask`` the pair whose target is token ``i`` is loss-eligible only where
+``mask[i] == 1`` (rule C5, Hugging Face's ``labels`` convention: the mark is on the
+token predicted). Above, B's only eligible target is its EOS and C's are 103, 104 and
+EOS: B and C are "prompt, then response". The mask of a range's first token is never
+read: no pair of that range predicts it. Without a mask every valid target is
+eligible and every batch is exactly what it is without the field.
 """
 
 from __future__ import annotations
@@ -94,6 +102,9 @@ class Examples:
     stop: np.ndarray
     source_id: np.ndarray = field(default=None)  # type: ignore[arg-type]
     example_id: np.ndarray = field(default=None)  # type: ignore[arg-type]
+    #: uint8 0/1 per token of ``tokens`` (bool or integer 0/1 accepted), or None: every
+    #: valid target supervised (rule C5).
+    mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -119,6 +130,8 @@ class Examples:
                 )
         check_offsets(self.offsets, self.tokens.shape[0])
         check_ranges(self.offsets, self.doc, self.start, self.stop, self.describe)
+        if self.mask is not None:
+            put(self, "mask", mask_column(self.mask, self.tokens.shape[0]))
 
     @classmethod
     def from_documents(
@@ -128,11 +141,14 @@ class Examples:
         ranges: Sequence[tuple[int, int]] | None = None,
         source_ids: Sequence[int] | None = None,
         example_ids: Sequence[int] | None = None,
+        masks: Sequence[Sequence[int] | np.ndarray] | None = None,
     ) -> Examples:
         """One example per document: the whole document, or ``ranges[i] = (start, stop)``.
 
-        To use one document several times, list it several times, or build the columns
-        directly with ``Examples(tokens=..., offsets=..., doc=..., ...)``.
+        ``masks[i]``, when given, is document ``i``'s 0/1 supervision mask, one value per
+        token (the ``mask`` column, module doc). To use one document several times, list
+        it several times, or build the columns directly with ``Examples(tokens=...,
+        offsets=..., doc=..., ...)``.
         """
         arrays = []
         for d, document in enumerate(documents):
@@ -157,6 +173,20 @@ class Examples:
                 )
             pairs = np.asarray(ranges, dtype=np.int64).reshape(len(arrays), 2)
             start, stop = pairs[:, 0], pairs[:, 1]
+        mask = None
+        if masks is not None:
+            if len(masks) != len(arrays):
+                raise InvalidExample(
+                    f"masks has {len(masks)} entries for {len(arrays)} documents; "
+                    "give one mask per document"
+                )
+            for d, (values, array) in enumerate(zip(masks, arrays)):
+                if np.shape(values) != array.shape:
+                    raise InvalidExample(
+                        f"document {d}: mask has shape {np.shape(values)} but the document "
+                        f"has {array.shape[0]} tokens; give one 0/1 value per token"
+                    )
+            mask = np.concatenate([np.asarray(m) for m in masks]) if arrays else None
         return cls(
             tokens=tokens,
             offsets=offsets,
@@ -166,6 +196,7 @@ class Examples:
             # Sequences or None: __post_init__ makes the columns (as for any caller).
             source_id=source_ids,  # type: ignore[arg-type]
             example_id=example_ids,  # type: ignore[arg-type]
+            mask=mask,
         )
 
     def __len__(self) -> int:
@@ -180,6 +211,13 @@ class Examples:
         """The selected tokens of example ``i`` (a view into ``tokens``)."""
         base = int(self.offsets[self.doc[i]])
         return self.tokens[base + int(self.start[i]) : base + int(self.stop[i])]
+
+    def example_mask(self, i: int) -> np.ndarray | None:
+        """The mask of example ``i``'s selected tokens (a view), or None when unmasked."""
+        if self.mask is None:
+            return None
+        base = int(self.offsets[self.doc[i]])
+        return self.mask[base + int(self.start[i]) : base + int(self.stop[i])]
 
     def describe(self, i: int) -> str:
         """How error messages name example ``i``."""
@@ -214,6 +252,26 @@ class Examples:
 def describe_example(i: int, source_id: np.ndarray, example_id: np.ndarray) -> str:
     """How error messages name example ``i``."""
     return f"example {i} (source_id {int(source_id[i])}, example_id {int(example_id[i])})"
+
+
+def mask_column(values: object, token_count: int) -> np.ndarray:
+    """A supervision mask as a contiguous uint8 0/1 column of ``token_count`` entries, or
+    ``InvalidExample`` naming what is wrong (shape, dtype or a value other than 0/1)."""
+    array = np.asarray(values)
+    if array.shape != (token_count,):
+        raise InvalidExample(
+            f"mask has shape {array.shape} but tokens has {token_count} entries; "
+            "give one 0/1 value per token"
+        )
+    if array.size and array.dtype.kind not in "biu":
+        raise InvalidExample(f"mask must hold bool or integer 0/1 values, got dtype {array.dtype}")
+    # Two reductions in the usual (clean) case; only a failure pays for finding where.
+    if array.size and array.dtype.kind != "b" and (int(array.min()) < 0 or int(array.max()) > 1):
+        at = int(np.flatnonzero((array != 0) & (array != 1))[0])
+        raise InvalidExample(
+            f"mask[{at}] = {array[at].item()}; accepted: 0 or 1 (1 = the target is supervised)"
+        )
+    return np.ascontiguousarray(array, dtype=np.uint8)
 
 
 def check_offsets(offsets: np.ndarray, token_count: int) -> None:

@@ -201,3 +201,10 @@ def megatron_arguments(batch: Any, device: Any) -> dict[str, Any]:
         "max_seqlen_q": layout.max_seqlen_padded,
         "max_seqlen_kv": layout.max_seqlen_padded,
     }
+
+
+def megatron_loss_mask(batch: Any, device: Any) -> Any:
+    """The body of ``PackedBatch.megatron_loss_mask`` (see there)."""
+    torch = _torch()
+    mask = torch.from_numpy(batch.loss_mask.reshape(1, -1).astype(np.float32))
+    return mask if device is None else mask.to(device)

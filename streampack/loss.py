@@ -1,14 +1,32 @@
-"""The token-weighted objective (rule C7) and the constructed-logit probe.
+"""The token-weighted objective (rule C7), its optimizer-step form, and the
+constructed-logit probe.
 
 Loss = (sum of NLL over loss-eligible targets) / (their count), across all rows. Cells
 that are not loss-eligible are dropped *before* any arithmetic, by gathering the
 eligible cells first, so a NaN or inf parked there can never reach the result
 (multiplying it by a zero mask would give NaN).
+
+Over one optimizer step the count is that of the whole step: ``W`` data-parallel ranks
+times ``A`` gradient-accumulation micro-batches. Rank ``r``'s micro-batch ``a`` of step
+``s`` is global batch ``base + (s * A + a) * W + r``, so step ``s`` is the ``A * W``
+consecutive global batches ``step_range`` gives (``W = 2, A = 2``)::
+
+    global batch   0   1   2   3 | 4   5   6   7 | ...
+    rank           0   1   0   1 | 0   1   0   1
+    micro-batch    0   0   1   1 | 0   0   1   1
+    step           0             | 1
+
+Each batch carries ``step_targets``, the loss-eligible targets of its step (all ranks,
+all micro-batches; a filler counts 0, a batch a drop tail leaves out is in no step).
+A rank's loss for one micro-batch is then ``nll_sum * W / step_targets``: summing it
+over the ``A`` micro-batches and taking DDP's mean over the ``W`` ranks gives exactly
+``(NLL over the step) / step_targets``, with no communication; a filler's ``nll_sum``
+is 0, so its loss is exactly 0 and its gradient zero.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -115,3 +133,23 @@ def probe_logits(batch: PackedBatch, gold_probability: float | np.ndarray) -> np
     rows, columns = np.nonzero(eligible)
     logits[rows, columns, batch.targets[rows, columns]] = np.log((vocab - 1) * used / (1 - used))
     return logits
+
+
+def step_range(index: int, world_size: int, accumulation: int, base: int = 0) -> tuple[int, int]:
+    """The global batches ``[first, stop)`` of the optimizer step that global batch
+    ``index`` belongs to (module doc): ``world_size * accumulation`` consecutive batches,
+    counted from ``base`` (the first batch of the epoch's shares: 0 except where an
+    elastic resume continues)."""
+    span = world_size * accumulation
+    first = base + (index - base) // span * span
+    return first, first + span
+
+
+def step_loss(nll_sum: Any, step_targets: int, world_size: int = 1) -> Any:
+    """One micro-batch's share of its step's token-weighted loss: ``nll_sum * world_size
+    / step_targets`` (module doc; ``world_size`` undoes DDP's gradient mean). A step
+    with no eligible target (all fillers) has nothing to learn: the loss is
+    ``nll_sum * 0``, zero with a zero gradient, never 0/0."""
+    if step_targets < 0:
+        raise InvalidArray(f"step_targets = {step_targets}; accepted: >= 0")
+    return nll_sum * world_size / max(step_targets, 1)

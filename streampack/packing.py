@@ -62,6 +62,7 @@ from .batch import (
     CompactBatch,
     PackedBatch,
     expanded_nbytes,
+    kernel_mask,
 )
 from .config import PackConfig
 from .errors import (
@@ -83,6 +84,7 @@ from .examples import (
 from .kernels.pack_cpu import (
     fill_rows,
     gather_ranges,
+    gather_ranges_masked,
     group_by_row,
     plan_best_fit,
     plan_next_fit,
@@ -122,11 +124,14 @@ def metadata_bytes(
     *,
     selected_tokens: int | None = None,
     open_rows: int = 1,
+    masked: bool = False,
 ) -> int:
     """Every byte a pack call holds at its peak, given its plan (rule C8).
 
     ``pack_examples`` holds every batch array; ``pack_compact`` holds instead the
-    ``selected_tokens`` of its examples (int32) and their offsets.
+    ``selected_tokens`` of its examples (int32) and their offsets, and, ``masked``, their
+    supervision mask (one byte a token). (``pack_examples`` reads the caller's mask in
+    place: it writes only ``loss_mask``, counted with the batch arrays.)
     """
     common = (
         _CALL_OVERHEAD_BYTES
@@ -137,7 +142,8 @@ def metadata_bytes(
     )
     if selected_tokens is None:
         return common + expanded_nbytes(row_count, capacity)
-    return common + np.dtype(np.int32).itemsize * selected_tokens + _INT64 * (example_count + 1)
+    per_token = np.dtype(np.int32).itemsize + (np.dtype(np.uint8).itemsize if masked else 0)
+    return common + per_token * selected_tokens + _INT64 * (example_count + 1)
 
 
 def _enforce_budget(needed: int, config: PackConfig, what: str) -> None:
@@ -190,7 +196,7 @@ def _plan(
     _check_types(examples, binding, config)
     _enforce_budget(planner_bytes(len(examples), config.open_row_limit), config, "planning")
     lengths = _validate(examples, binding, config)
-    return _place(lengths, config, compact=compact)
+    return _place(lengths, config, compact=compact, masked=examples.mask is not None)
 
 
 def _check_lengths(lengths: np.ndarray, config: PackConfig, describe: Callable[[int], str]) -> None:
@@ -205,8 +211,11 @@ def _check_lengths(lengths: np.ndarray, config: PackConfig, describe: Callable[[
         )
 
 
-def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_Plan, int]:
-    """Place validated prediction lengths by ``config.policy`` and budget the result."""
+def _place(
+    lengths: np.ndarray, config: PackConfig, *, compact: bool, masked: bool = False
+) -> tuple[_Plan, int]:
+    """Place validated prediction lengths by ``config.policy`` and budget the result
+    (``masked``: the compact batches will carry their tokens' mask too)."""
     count = len(lengths)
     if count > _MAX_OCCURRENCES:
         raise InvalidExample(
@@ -253,6 +262,7 @@ def _place(lengths: np.ndarray, config: PackConfig, *, compact: bool) -> tuple[_
         config.capacity,
         selected_tokens=selected,
         open_rows=config.open_row_limit,
+        masked=masked,
     )
     _enforce_budget(peak, config, f"packing {count} examples into {row_count} rows")
     if config.policy == "next_fit":  # rows already hold consecutive examples
@@ -290,6 +300,7 @@ def pack_examples(examples: Examples, binding: Binding, config: PackConfig) -> P
     valid_lengths = np.empty(plan.row_count, np.int32)
     fill_rows(
         examples.tokens,
+        kernel_mask(examples.mask),
         examples.offsets,
         examples.doc,
         examples.start,
@@ -428,11 +439,56 @@ def select_tokens(
     in order — the ``tokens`` of a compact batch holding exactly those ranges — and
     where each range begins in them (plus the total). Keeps uint16 tokens uint16; any
     other dtype becomes int32."""
+    dtype = np.uint16 if tokens.dtype == np.uint16 else np.int32
+    return _gather(tokens, offsets, doc, start, stop, dtype)
+
+
+def select_mask(
+    mask: np.ndarray | None,
+    offsets: np.ndarray,
+    doc: np.ndarray,
+    start: np.ndarray,
+    stop: np.ndarray,
+) -> np.ndarray | None:
+    """The supervision mask of the tokens :func:`select_tokens` selects (uint8, aligned
+    with them), or None when there is no mask."""
+    if mask is None:
+        return None
+    return _gather(mask, offsets, doc, start, stop, np.uint8)[0]
+
+
+def _select_tokens_and_mask(
+    tokens: np.ndarray,
+    mask: np.ndarray,
+    offsets: np.ndarray,
+    doc: np.ndarray,
+    start: np.ndarray,
+    stop: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`select_tokens` and :func:`select_mask` in one compiled pass."""
     out_offsets = np.zeros(len(doc) + 1, np.int64)
     np.cumsum(stop - start, out=out_offsets[1:])
     dtype = np.uint16 if tokens.dtype == np.uint16 else np.int32
-    out = np.empty(int(out_offsets[-1]), dtype)
-    gather_ranges(tokens, offsets, doc, start, stop, out_offsets, out)
+    out: np.ndarray = np.empty(int(out_offsets[-1]), dtype)
+    out_mask: np.ndarray = np.empty(int(out_offsets[-1]), np.uint8)
+    gather_ranges_masked(tokens, mask, offsets, doc, start, stop, out_offsets, out, out_mask)
+    return out, out_mask, out_offsets
+
+
+def _gather(
+    values: np.ndarray,
+    offsets: np.ndarray,
+    doc: np.ndarray,
+    start: np.ndarray,
+    stop: np.ndarray,
+    dtype: type,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` of ranges ``[start[i], stop[i])`` of documents ``doc[i]``, in order, as
+    ``dtype``, and where each range begins in them (plus the total)."""
+    out_offsets = np.zeros(len(doc) + 1, np.int64)
+    np.cumsum(stop - start, out=out_offsets[1:])
+    out: np.ndarray = np.empty(int(out_offsets[-1]), dtype)
+    gather_ranges(values, offsets, doc, start, stop, out_offsets, out)
     return out, out_offsets
 
 
@@ -447,17 +503,24 @@ def compact_batches(
     """The compact batches of a plan from :func:`plan_compact`, tokens gathered in the
     records' order (best-fit's is not the supplied order)."""
     ordinal = occurrences["ordinal"]
-    selected, token_offsets = select_tokens(
-        examples.tokens,
+    ranges = (
         examples.offsets,
         examples.doc[ordinal],
         examples.start[ordinal],
         examples.stop[ordinal],
     )
+    if examples.mask is None:
+        selected, token_offsets = select_tokens(examples.tokens, *ranges)
+        mask = None
+    else:
+        selected, mask, token_offsets = _select_tokens_and_mask(
+            examples.tokens, examples.mask, *ranges
+        )
     ends = np.cumsum(sizes)
     return [
         CompactBatch(
             tokens=selected[token_offsets[first] : token_offsets[last]],
+            mask=None if mask is None else mask[token_offsets[first] : token_offsets[last]],
             occurrences=occurrences[first:last],
             rows=int(occurrences["row"][last - 1]) + 1,
             capacity=capacity,
@@ -488,16 +551,27 @@ def warm_up_kernels() -> tuple[Examples, CompactBatch]:
     """
     binding = Binding(vocab_size=8, tokenizer="warm-up", split_receipt="warm-up", partition="train")
     examples = Examples.from_documents([[1, 2, 3], [4, 5]])
-    (batch,) = pack_compact(examples, binding, PackConfig(capacity=4, max_rows_per_batch=1))
+    config = PackConfig(capacity=4, max_rows_per_batch=1)
+    (batch,) = pack_compact(examples, binding, config)
+    masked = dataclasses.replace(examples, mask=np.array([1, 0, 1, 0, 1], np.uint8))
+    (masked_batch,) = pack_compact(masked, binding, config)
     # Each argument type is its own specialization: tokens int32 or uint16 (the service
     # sends uint16 when the vocabulary fits), and arrays writable (made here) or
-    # read-only (decoded from a message: a consumer's both, a producer's occurrences).
+    # read-only (decoded from a message: a consumer's all, a producer's occurrences).
+    # The mask is one type, masked or not (kernels.pack_cpu), but may be read-only.
     for tokens in (batch.tokens, batch.tokens.astype(np.uint16)):
-        for read_only in ((), ("occurrences",), ("occurrences", "tokens")):
-            arrays = {"tokens": tokens.copy(), "occurrences": batch.occurrences.copy()}
-            for name in read_only:
-                arrays[name].flags.writeable = False
-            dataclasses.replace(batch, **arrays).checked(max_cells=4).expand()
+        for read_only in ((), ("occurrences",), ("occurrences", "tokens", "mask")):
+            for mask in (None, masked_batch.mask):
+                arrays = {
+                    "tokens": tokens.copy(),
+                    "occurrences": batch.occurrences.copy(),
+                    "mask": None if mask is None else mask.copy(),
+                }
+                for name in read_only:
+                    if arrays[name] is not None:
+                        arrays[name].flags.writeable = False
+                dataclasses.replace(batch, **arrays).checked(max_cells=4).expand()
+    pack_examples(masked, binding, config)
     return examples, batch
 
 

@@ -10,6 +10,12 @@ extra).
 Colours follow the segment ordinal: consecutive segments of a row always differ, and a
 segment has the same colour in every panel. In the text, segments also alternate
 between two glyphs (``█`` and ``▓``) so that boundaries stay visible without colour.
+
+A batch with context-only cells (a supervision mask left their valid targets out of
+the loss, rule C5: a prompt, say) says so: the header counts the supervised targets,
+the text's cell table gains a ``trained`` line (``✓`` trained, ``-`` context only), and
+the PNG draws a context-only cell in a pale tint of its segment's colour. A batch
+without any (every unmasked batch) is drawn exactly as before masks existed.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ SEGMENT_COLOURS = (
 )
 PAD_COLOUR = "#d0d0d0"  # padding cells, and permission entries of a padding query or key
 DENIED_COLOUR = "#ffffff"  # permission entries of two valid cells that may not attend
+CONTEXT_TINT = 0.35  # a context-only cell: its segment's colour at this strength on white
 BOUNDARY_COLOUR = "#000000"  # the line drawn where one segment ends and the next begins
 
 #: ANSI foreground colours for segments (red, green, yellow, blue, magenta, cyan).
@@ -76,14 +83,24 @@ def _check_row(batch: PackedBatch, row: int) -> None:
         raise InvalidCoordinate(f"row={row} is outside this batch; accepted: 0..{batch.rows - 1}")
 
 
+def context_only(batch: PackedBatch) -> np.ndarray:
+    """``[rows, capacity]``: cells with a valid target that is not trained (rule C5)."""
+    return np.asarray(batch.target_valid & ~batch.loss_mask)
+
+
 def _header(batch: PackedBatch, title: str) -> str:
     valid = int(batch.valid_lengths.sum())
     cells = batch.rows * batch.capacity
     kind = " (filler: all padding)" if batch.filler else ""
+    supervised = ""
+    if context_only(batch).any():
+        supervised = (
+            f", supervised targets {int(batch.loss_mask.sum())} of {int(batch.target_valid.sum())}"
+        )
     return (
         f"{title}{kind}: {batch.rows} rows x {batch.capacity} cells, fill ratio "
         f"{fill_ratio(batch):.3f} ({valid} of {cells} cells), documents per row "
-        f"{' '.join(map(str, documents_per_row(batch)))}"
+        f"{' '.join(map(str, documents_per_row(batch)))}{supervised}"
     )
 
 
@@ -149,6 +166,11 @@ def _cells_table(batch: PackedBatch, row: int, width: int, paint: _Paint) -> lis
         ],
         "position": [str(p) if v else "·" for p, v in zip(batch.positions[row], valid)],
     }
+    if context_only(batch).any():  # only a masked batch has a line to show here
+        columns["trained"] = [
+            "✓" if trained else "-" if target else "·"
+            for trained, target in zip(batch.loss_mask[row], batch.target_valid[row])
+        ]
     cell_width = max(len(text) for values in columns.values() for text in values) + 1
     label_width = 2 + max(map(len, columns)) + 1
     shown = max(1, min(batch.capacity, (width - label_width) // cell_width))
@@ -273,7 +295,8 @@ def batch_text(
             f"{mark} row {str(r).rjust(label)}  {_strip(batch, r, slots, paint)}  "
             f"{docs}  {int(batch.valid_lengths[r])}/{batch.capacity}"
         )
-    lines += ["", f"row {row}: cells"]
+    key = " (trained: ✓ in the loss, - context only)" if context_only(batch).any() else ""
+    lines += ["", f"row {row}: cells{key}"]
     lines += _cells_table(batch, row, width, paint)
     lines += ["", f"row {row}: segments"]
     lines += _segments_legend(batch, row, width, paint)
@@ -352,114 +375,21 @@ def batch_png(
 ) -> PngLayout:
     """Write the picture of ``batch`` to ``path`` (PNG) and say where its parts are.
 
-    Top: every row, one box per cell in its segment's colour, padding grey, a black line
-    at each boundary between segments, and (for small capacities) each cell's
-    input→target and position. Bottom: ``permission(row)``, an allowed entry in the
-    colour of its segment, a denied one white, one with a padding query or key grey.
+    Top: every row, one box per cell in its segment's colour (pale where the cell's
+    target is context only, not trained), padding grey, a black line at each boundary
+    between segments, and (for small capacities) each cell's input→target and position.
+    Bottom: ``permission(row)``, an allowed entry in the colour of its segment, a denied
+    one white, one with a padding query or key grey.
     """
     _check_row(batch, row)
     plt = _import_pyplot()
-    rows, capacity = batch.rows, batch.capacity
-    width_px, height_px = png_size(rows)
+    width_px, height_px = png_size(batch.rows)
     width_in, height_in = width_px / DPI, height_px / DPI
-    palette = np.array(
-        [segment_rgb(s) for s in range(len(SEGMENT_COLOURS))] + [segment_rgb(-1)]
-    )  # index -1 is padding
-    seg = batch.segments
-    cells_rgb = palette[np.where(seg < 0, -1, seg % len(SEGMENT_COLOURS))]
-    allowed = batch.permission(row)
-    query_seg = np.broadcast_to(seg[row][:, None], allowed.shape)
-    both_valid = batch.input_valid[row][:, None] & batch.input_valid[row][None, :]
-    perm_rgb = np.where(
-        allowed[..., None],
-        palette[np.where(query_seg < 0, -1, query_seg % len(SEGMENT_COLOURS))],
-        np.where(both_valid[..., None], np.array(_rgb(DENIED_COLOUR)), palette[-1]),
-    )
-
     figure = plt.figure(figsize=(width_in, height_in), dpi=DPI)
     try:
-        grid_w = width_in - LEFT_IN - RIGHT_IN
-        grid_h = rows * ROW_HEIGHT_IN
-        grid = figure.add_axes(
-            (
-                LEFT_IN / width_in,
-                1 - (TOP_IN + grid_h) / height_in,
-                grid_w / width_in,
-                grid_h / height_in,
-            )
-        )
-        grid.imshow(
-            cells_rgb, aspect="auto", interpolation="nearest", extent=(0, capacity, rows, 0)
-        )
-        per_row = documents_per_row(batch)
-        grid.set_yticks(
-            [r + 0.5 for r in range(rows)],
-            [
-                f"row {r}: {per_row[r]} doc{'s' if per_row[r] != 1 else ''}, "
-                f"{int(batch.valid_lengths[r])}/{capacity}"
-                for r in range(rows)
-            ],
-            fontsize=8,
-        )
-        grid.set_xlabel("column", fontsize=8)
-        grid.tick_params(axis="x", labelsize=7)
-        line_width = 3 * 72 / DPI  # 3 pixels, in points
-        for r in range(rows):
-            columns = np.flatnonzero(seg[r, 1:] != seg[r, :-1]) + 1
-            for column in columns:
-                grid.plot(
-                    [column, column],
-                    [r, r + 1],
-                    color=BOUNDARY_COLOUR,
-                    linewidth=line_width,
-                    solid_capstyle="butt",
-                )
-            if r:
-                grid.axhline(r, color="#ffffff", linewidth=line_width)
-        if capacity <= ANNOTATE_MAX_CAPACITY:
-            for r in range(rows):
-                for c in range(capacity):
-                    if batch.input_valid[r, c]:
-                        target = str(batch.targets[r, c]) if batch.target_valid[r, c] else "·"
-                        text = f"{batch.inputs[r, c]}→{target}\npos {batch.positions[r, c]}"
-                    else:
-                        text = "pad"
-                    grid.text(c + 0.5, r + 0.5, text, ha="center", va="center", fontsize=7)
-        grid.set_xlim(0, capacity)
-        grid.set_ylim(rows, 0)
-        figure.text(
-            0.5, 1 - 0.3 / height_in, _header(batch, title), ha="center", va="center", fontsize=9
-        )
-        figure.text(
-            0.5,
-            1 - 0.6 / height_in,
-            "cells coloured by segment (consecutive segments differ), grey = padding, "
-            "black line = segment boundary"
-            + ("; each cell: input→target, position" if capacity <= ANNOTATE_MAX_CAPACITY else ""),
-            ha="center",
-            va="center",
-            fontsize=8,
-        )
-
-        side = min(PERMISSION_HEIGHT_IN, grid_w)
-        perm_left = LEFT_IN + (grid_w - side) / 2
-        perm_bottom = BOTTOM_IN + (PERMISSION_HEIGHT_IN - side)
-        perm = figure.add_axes(
-            (perm_left / width_in, perm_bottom / height_in, side / width_in, side / height_in)
-        )
-        perm.imshow(
-            perm_rgb, aspect="auto", interpolation="nearest", extent=(0, capacity, capacity, 0)
-        )
-        perm.set_title(
-            f"row {row}: permission({row}), query (down) may use key (across); "
-            "colour = allowed, white = denied, grey = padding",
-            fontsize=8,
-        )
-        perm.set_xlabel("key column", fontsize=8)
-        perm.set_ylabel("query column", fontsize=8)
-        perm.tick_params(labelsize=7)
-        perm.set_xlim(0, capacity)
-        perm.set_ylim(capacity, 0)
+        grid = _draw_rows(figure, batch, width_in, height_in)
+        _draw_captions(figure, batch, title, height_in)
+        perm = _draw_permission(figure, batch, row, width_in, height_in)
         figure.savefig(path, dpi=DPI, format="png")
 
         def box(axes: Any) -> tuple[float, float, float, float]:
@@ -471,11 +401,139 @@ def batch_png(
             height=height_px,
             cells=box(grid),
             permission=box(perm),
-            rows=rows,
-            capacity=capacity,
+            rows=batch.rows,
+            capacity=batch.capacity,
         )
     finally:
         plt.close(figure)
+
+
+def _palette() -> np.ndarray:
+    """Segment colours by ordinal modulo their number; the last entry (index -1) padding."""
+    return np.array([segment_rgb(s) for s in range(len(SEGMENT_COLOURS))] + [segment_rgb(-1)])
+
+
+def _segment_colours(segments: np.ndarray) -> np.ndarray:
+    """``[..., 3]`` RGB of each cell's segment (padding grey)."""
+    return _palette()[np.where(segments < 0, -1, segments % len(SEGMENT_COLOURS))]
+
+
+def cell_colours(batch: PackedBatch) -> np.ndarray:
+    """``[rows, capacity, 3]``: the PNG colour of every cell, context-only ones pale."""
+    colours = _segment_colours(batch.segments)
+    pale = CONTEXT_TINT * colours + (1 - CONTEXT_TINT)
+    return np.where(context_only(batch)[..., None], pale, colours)
+
+
+def _draw_rows(figure: Any, batch: PackedBatch, width_in: float, height_in: float) -> Any:
+    """The row grid: cells in their colours, segment boundaries, row labels, and for
+    small capacities each cell's text."""
+    rows, capacity, seg = batch.rows, batch.capacity, batch.segments
+    grid_w = width_in - LEFT_IN - RIGHT_IN
+    grid_h = rows * ROW_HEIGHT_IN
+    grid = figure.add_axes(
+        (
+            LEFT_IN / width_in,
+            1 - (TOP_IN + grid_h) / height_in,
+            grid_w / width_in,
+            grid_h / height_in,
+        )
+    )
+    grid.imshow(
+        cell_colours(batch), aspect="auto", interpolation="nearest", extent=(0, capacity, rows, 0)
+    )
+    per_row = documents_per_row(batch)
+    grid.set_yticks(
+        [r + 0.5 for r in range(rows)],
+        [
+            f"row {r}: {per_row[r]} doc{'s' if per_row[r] != 1 else ''}, "
+            f"{int(batch.valid_lengths[r])}/{capacity}"
+            for r in range(rows)
+        ],
+        fontsize=8,
+    )
+    grid.set_xlabel("column", fontsize=8)
+    grid.tick_params(axis="x", labelsize=7)
+    line_width = 3 * 72 / DPI  # 3 pixels, in points
+    for r in range(rows):
+        columns = np.flatnonzero(seg[r, 1:] != seg[r, :-1]) + 1
+        for column in columns:
+            grid.plot(
+                [column, column],
+                [r, r + 1],
+                color=BOUNDARY_COLOUR,
+                linewidth=line_width,
+                solid_capstyle="butt",
+            )
+        if r:
+            grid.axhline(r, color="#ffffff", linewidth=line_width)
+    if capacity <= ANNOTATE_MAX_CAPACITY:
+        for r in range(rows):
+            for c in range(capacity):
+                if batch.input_valid[r, c]:
+                    target = str(batch.targets[r, c]) if batch.target_valid[r, c] else "·"
+                    text = f"{batch.inputs[r, c]}→{target}\npos {batch.positions[r, c]}"
+                else:
+                    text = "pad"
+                grid.text(c + 0.5, r + 0.5, text, ha="center", va="center", fontsize=7)
+    grid.set_xlim(0, capacity)
+    grid.set_ylim(rows, 0)
+    return grid
+
+
+def _draw_captions(figure: Any, batch: PackedBatch, title: str, height_in: float) -> None:
+    """The header line and the key to the row grid's colours."""
+    figure.text(
+        0.5, 1 - 0.3 / height_in, _header(batch, title), ha="center", va="center", fontsize=9
+    )
+    figure.text(
+        0.5,
+        1 - 0.6 / height_in,
+        "cells coloured by segment (consecutive segments differ), grey = padding, "
+        "black line = segment boundary"
+        + ("; pale = context only (not trained)" if context_only(batch).any() else "")
+        + (
+            "; each cell: input→target, position" if batch.capacity <= ANNOTATE_MAX_CAPACITY else ""
+        ),
+        ha="center",
+        va="center",
+        fontsize=8,
+    )
+
+
+def _draw_permission(
+    figure: Any, batch: PackedBatch, row: int, width_in: float, height_in: float
+) -> Any:
+    """``permission(row)``: allowed in the query's segment colour, denied white, an
+    entry with a padding query or key grey."""
+    capacity = batch.capacity
+    allowed = batch.permission(row)
+    query_seg = np.broadcast_to(batch.segments[row][:, None], allowed.shape)
+    both_valid = batch.input_valid[row][:, None] & batch.input_valid[row][None, :]
+    perm_rgb = np.where(
+        allowed[..., None],
+        _segment_colours(query_seg),
+        np.where(both_valid[..., None], np.array(_rgb(DENIED_COLOUR)), _palette()[-1]),
+    )
+    grid_w = width_in - LEFT_IN - RIGHT_IN
+    side = min(PERMISSION_HEIGHT_IN, grid_w)
+    perm_left = LEFT_IN + (grid_w - side) / 2
+    perm_bottom = BOTTOM_IN + (PERMISSION_HEIGHT_IN - side)
+    perm = figure.add_axes(
+        (perm_left / width_in, perm_bottom / height_in, side / width_in, side / height_in)
+    )
+    perm.imshow(perm_rgb, aspect="auto", interpolation="nearest", extent=(0, capacity, capacity, 0))
+    perm.set_title(
+        f"row {row}: permission({row}), query (down) may use key (across); "
+        "colour = allowed, white = denied, grey = padding",
+        fontsize=8,
+    )
+    perm.set_xlabel("key column", fontsize=8)
+    perm.set_ylabel("query column", fontsize=8)
+    perm.tick_params(labelsize=7)
+    perm.set_xlim(0, capacity)
+    perm.set_ylim(capacity, 0)
+    return perm
 
 
 # -- a batch on disk -------------------------------------------------------------------

@@ -203,6 +203,7 @@ class ProducerSettings:
     seed: int = 0
     shuffle_buffer: int = 4096
     tail: str = "fill"
+    accumulation: int = 1
     window_budget_bytes: int = 64 * _MIB
     reorder_budget_bytes: int = 256 * _MIB
     max_message_bytes: int = 256 * _MIB
@@ -258,6 +259,7 @@ class ProducerSettings:
         _check_int("shuffle_buffer", self.shuffle_buffer, minimum=1)
         if self.tail not in TAIL_MODES:
             raise InvalidConfig(f"tail = {self.tail!r}; expected one of {', '.join(TAIL_MODES)}")
+        _check_int("accumulation", self.accumulation, minimum=1)
         _check_int("window_budget_bytes", self.window_budget_bytes, minimum=1)
         _check_int("reorder_budget_bytes", self.reorder_budget_bytes, minimum=1)
         _check_int("max_message_bytes", self.max_message_bytes, minimum=4096)
@@ -338,6 +340,8 @@ FIELD_HELP: dict[str, str] = {
     "open_rows": "rows best_fit keeps open (default 16; next_fit keeps 1)",
     "tail": "epoch tail: 'fill' pads every rank to the same count with all-padding "
     "batches flagged filler; 'drop' drops the remainder",
+    "accumulation": "micro-batches per rank in one optimizer step: each batch carries the "
+    "loss-eligible targets of its whole step (world_size x accumulation batches)",
     "window_budget_bytes": "bytes of windows handed to workers and not yet complete",
     "reorder_budget_bytes": "bytes of packed batches held for ordering and delivery",
     "max_message_bytes": "largest message frame accepted (zmq.MAXMSGSIZE)",

@@ -150,8 +150,41 @@ class Window:
         )
         return tokens
 
+    def selected_mask(self, first: int, last: int) -> np.ndarray | None:
+        """The supervision mask of ``selected_tokens(first, last)``, one to one (a slice
+        where that is one, else a gather), or None when the window has no mask."""
+        from streampack.packing import select_mask
+
+        if self.mask is None:
+            return None
+        if self.whole_documents:
+            return self.mask[self.offsets[first] : self.offsets[last]]
+        return select_mask(
+            self.mask,
+            self.offsets,
+            np.arange(first, last, dtype=np.int64),
+            self.start[first:last],
+            self.stop[first:last],
+        )
+
+    def batch_mask(self, ordinals: np.ndarray) -> np.ndarray | None:
+        """The supervision mask of ``batch_tokens(ordinals)``, one to one, or None when
+        the window has no mask."""
+        from streampack.packing import select_mask
+
+        if self.mask is None:
+            return None
+        ordinals = np.asarray(ordinals, dtype=np.int64)
+        first = int(ordinals[0]) if len(ordinals) else 0
+        if np.array_equal(ordinals, np.arange(first, first + len(ordinals))):
+            return self.selected_mask(first, first + len(ordinals))
+        return select_mask(
+            self.mask, self.offsets, ordinals, self.start[ordinals], self.stop[ordinals]
+        )
+
     def arrays(self) -> dict[str, np.ndarray]:
-        """The window frames of the wire protocol, in order."""
+        """The window frames of the wire protocol, in order (an empty ``mask`` when the
+        window has none)."""
         return {
             "tokens": self.tokens,
             "offsets": self.offsets,
@@ -160,6 +193,7 @@ class Window:
             "stop": self.stop,
             "source_id": self.source_id,
             "example_id": self.example_id,
+            "mask": np.zeros(0, np.uint8) if self.mask is None else self.mask,
         }
 
 

@@ -1,9 +1,9 @@
-"""The wire protocol between producer, pack workers and consumers (version 6).
+"""The wire protocol between producer, pack workers and consumers (version 7).
 
 Every message is a ZeroMQ multipart message::
 
     frame 0      header: one msgpack map, keys in this order
-                   "v"  protocol version (int, 6)
+                   "v"  protocol version (int, 7)
                    "k"  kind (str, one of KINDS)
                    ...  the kind's fields, in the order KINDS lists them
                    "f"  one [name, dtype, shape] triple per following frame
@@ -14,7 +14,7 @@ For example ``encode_header("ready", {"credit": 2, "needs_tokens": False})`` is 
 37 bytes (the tests pin them)::
 
     85                    map of 5
-    a1 76 06              "v": 6
+    a1 76 07              "v": 7
     a1 6b a5 72 65 61 64 79      "k": "ready"
     a6 63 72 65 64 69 74 02      "credit": 2
     ac 6e 65 65 64 73 5f 74 6f 6b 65 6e 73 c2      "needs_tokens": false
@@ -28,8 +28,9 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  restart
     window     P->W  epoch window binding config with_tokens
                                                  frames: tokens offsets doc start stop
-                                                 source_id example_id (tokens empty unless
-                                                 with_tokens: planning needs only ranges)
+                                                 source_id example_id mask (tokens and
+                                                 mask empty unless with_tokens: planning
+                                                 needs only ranges)
     packed     W->P  epoch window capacity seconds audited audit_failures audit_error
                                                  frames: occurrences batch_sizes (the plans
                                                  of all the window's batches: records in
@@ -45,18 +46,29 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  rank`, `base + rank + world_size`, ...
                                                  (`base` is 0 except in the epoch an elastic
                                                  resume continues: see client.resume_cursor)
-    batch      P->C  epoch index window batch filler binding rows capacity policy
+    batch      P->C  epoch index window batch filler step_targets binding rows
+                                                 capacity policy
                                                  (`policy`: the PackConfig.policy that
-                                                 placed the batch, version 6)
-                                                 frames: tokens occurrences sources (a
-                                                 compact batch: the selected tokens,
-                                                 occurrence records, and each occurrence's
-                                                 source index in a mixture, int32)
+                                                 placed the batch, version 6;
+                                                 `step_targets`: the loss-eligible
+                                                 targets of the batch's optimizer step
+                                                 for the asking rank's world size, -1
+                                                 unknown, version 7)
+                                                 frames: tokens occurrences sources mask
+                                                 (a compact batch: the selected tokens,
+                                                 occurrence records, each occurrence's
+                                                 source index in a mixture, int32, and
+                                                 the tokens' supervision mask, version 7)
     epoch_end  P->C  epoch per_rank total        `index` is past this rank's share
     stream_end P->C  epochs                      no more epochs
     health     C->P  (none)                      are you serving?
     status     P->C  serving stats               answer to `health`
     error      any   message                     the message received was rejected
+
+A ``mask`` frame (version 7) is the supervision mask of the message's ``tokens``
+(rule C5): uint8, one 0 or 1 per token, or empty when the corpus has no mask (a real
+batch always has tokens, so empty cannot be mistaken for a mask). A mask of another
+length, or a value other than 0/1, is refused like any malformed message.
 
 Frame dtypes come from a fixed short list per frame name (``FRAME_DTYPES``: tokens may
 be int32, or uint16 when the vocabulary fits); a receiver never builds a
@@ -84,7 +96,7 @@ from streampack.examples import Binding
 if TYPE_CHECKING:
     import zmq
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 _INT = "int"
 _STR = "str"
@@ -100,9 +112,20 @@ _FLOAT = "float"
 # of all the bytes the producer moved, and a message per batch). Nor does a window carry
 # its tokens to a worker that only plans (version 4): next-fit needs the ranges alone,
 # and the tokens were half the bytes of a window message and a copy in the worker.
-BATCH_FRAMES = ("tokens", "occurrences", "sources")
+# The supervision mask (version 7) travels with the tokens it marks, one byte a token,
+# and only with them: a worker that only plans needs neither.
+BATCH_FRAMES = ("tokens", "occurrences", "sources", "mask")
 PLAN_FRAMES = ("occurrences", "batch_sizes")
-WINDOW_FRAMES = ("tokens", "offsets", "doc", "start", "stop", "source_id", "example_id")
+WINDOW_FRAMES = (
+    "tokens",
+    "offsets",
+    "doc",
+    "start",
+    "stop",
+    "source_id",
+    "example_id",
+    "mask",
+)
 
 # kind -> (fields in order with their types, frame names in order)
 KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
@@ -149,6 +172,7 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("window", _INT),
             ("batch", _INT),
             ("filler", _BOOL),
+            ("step_targets", _INT),
             ("binding", _MAP),
             ("rows", _INT),
             ("capacity", _INT),
@@ -178,7 +202,11 @@ FRAME_DTYPES: dict[str, tuple[str, ...]] = {
     "example_id": ("<i8",),
     "occurrences": ("occurrence",),
     "batch_sizes": ("<i8",),
+    "mask": ("|u1",),
 }
+
+#: The ``mask`` frame of a message without one.
+NO_MASK = np.zeros(0, np.uint8)
 
 
 def _occurrence_dtype() -> np.dtype:
@@ -328,6 +356,27 @@ def _buffer(frame: Any) -> memoryview:
 
 def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Message:
     """Parse and check one message; any defect raises :class:`ProtocolError`."""
+    buffers = _sized_buffers(frames, limits)
+    header = _parse_header(buffers[0], limits)
+    kind, fields = _header_fields(header)
+    _, frame_names = KINDS[kind]
+    specs = header["f"]
+    if not isinstance(specs, list) or len(specs) != len(frame_names):
+        raise ProtocolError(f"{kind!r} header lists frames {specs!r}; expected {frame_names}")
+    if len(frames) - 1 != len(specs):
+        raise ProtocolError(
+            f"{kind!r} header announces {len(specs)} frame(s) but {len(frames) - 1} arrived"
+        )
+    arrays = {
+        name: _frame_array(spec, name, buffer, limits)
+        for spec, name, buffer in zip(specs, frame_names, buffers[1:])
+    }
+    return Message(kind=kind, fields=fields, arrays=arrays)
+
+
+def _sized_buffers(frames: Sequence[Any], limits: WireLimits) -> list[memoryview]:
+    """The frames' buffers, once their count and sizes are within ``limits`` — checked
+    before anything is parsed."""
     if not frames:
         raise ProtocolError("empty message: expected a header frame")
     if len(frames) > 1 + _MAX_FRAMES:
@@ -341,11 +390,16 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
             f"message of {total} bytes in {len(frames)} frames exceeds "
             f"max_message_bytes={limits.max_message_bytes}"
         )
-    head = buffers[0]
-    if head.nbytes > limits.max_header_bytes:
+    if buffers[0].nbytes > limits.max_header_bytes:
         raise ProtocolError(
-            f"header of {head.nbytes} bytes exceeds max_header_bytes={limits.max_header_bytes}"
+            f"header of {buffers[0].nbytes} bytes exceeds "
+            f"max_header_bytes={limits.max_header_bytes}"
         )
+    return buffers
+
+
+def _parse_header(head: memoryview, limits: WireLimits) -> dict[str, Any]:
+    """The header frame as a msgpack map of this protocol version, within ``limits``."""
     try:
         header = msgpack.unpackb(
             head,
@@ -366,10 +420,15 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
         raise ProtocolError(
             f"protocol version {version!r} is not supported; expected {PROTOCOL_VERSION}"
         )
+    return header
+
+
+def _header_fields(header: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The message kind and its fields, each of its schema's type, no key missing or extra."""
     kind = header.get("k")
     if kind not in KINDS:
         raise ProtocolError(f"unknown message kind {kind!r}; expected one of {sorted(KINDS)}")
-    schema, frame_names = KINDS[kind]
+    schema, _ = KINDS[kind]
     expected_keys = _HEADER_KEYS[kind]
     if header.keys() != expected_keys:
         raise ProtocolError(
@@ -380,49 +439,44 @@ def decode(frames: Sequence[Any], limits: WireLimits = DEFAULT_LIMITS) -> Messag
         value = fields[name] = header[name]
         if type(value) not in types:
             _check_field(kind, name, dict(schema)[name], value)  # raises, naming the field
-    specs = header["f"]
-    if not isinstance(specs, list) or len(specs) != len(frame_names):
-        raise ProtocolError(f"{kind!r} header lists frames {specs!r}; expected {frame_names}")
-    if len(frames) - 1 != len(specs):
+    return kind, fields
+
+
+def _frame_array(spec: Any, expected_name: str, buffer: memoryview, limits: WireLimits) -> Any:
+    """The read-only array of one frame, once its spec names the expected frame with an
+    accepted dtype and a shape within ``limits`` that its bytes fill exactly."""
+    if not (isinstance(spec, list) and len(spec) == 3):
+        raise ProtocolError(f"frame spec {spec!r} is not [name, dtype, shape]")
+    name, code, shape = spec
+    if name != expected_name or code not in FRAME_DTYPES[expected_name]:
         raise ProtocolError(
-            f"{kind!r} header announces {len(specs)} frame(s) but {len(frames) - 1} arrived"
+            f"frame {name!r} with dtype {code!r}; expected {expected_name!r} with dtype "
+            f"{' or '.join(FRAME_DTYPES[expected_name])}"
         )
-    arrays: dict[str, np.ndarray] = {}
-    for spec, expected_name, buffer in zip(specs, frame_names, buffers[1:]):
-        if not (isinstance(spec, list) and len(spec) == 3):
-            raise ProtocolError(f"frame spec {spec!r} is not [name, dtype, shape]")
-        name, code, shape = spec
-        if name != expected_name or code not in FRAME_DTYPES[expected_name]:
+    if (
+        not isinstance(shape, list)
+        or len(shape) > limits.max_ndim
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+    ):
+        raise ProtocolError(
+            f"frame {name!r} shape {shape!r} must be at most {limits.max_ndim} non-negative ints"
+        )
+    dtype = frame_dtype(code)
+    expected = dtype.itemsize
+    for n in shape:
+        expected *= n
+        if expected > limits.max_frame_bytes:
             raise ProtocolError(
-                f"frame {name!r} with dtype {code!r}; expected {expected_name!r} with dtype "
-                f"{' or '.join(FRAME_DTYPES[expected_name])}"
+                f"frame {name!r} shape {shape} exceeds max_frame_bytes={limits.max_frame_bytes}"
             )
-        if (
-            not isinstance(shape, list)
-            or len(shape) > limits.max_ndim
-            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
-        ):
-            raise ProtocolError(
-                f"frame {name!r} shape {shape!r} must be at most {limits.max_ndim} "
-                f"non-negative ints"
-            )
-        dtype = frame_dtype(code)
-        expected = dtype.itemsize
-        for n in shape:
-            expected *= n
-            if expected > limits.max_frame_bytes:
-                raise ProtocolError(
-                    f"frame {name!r} shape {shape} exceeds max_frame_bytes={limits.max_frame_bytes}"
-                )
-        if buffer.nbytes != expected:
-            raise ProtocolError(
-                f"frame {name!r} has {buffer.nbytes} bytes; its header says shape {shape} "
-                f"of {code} = {expected} bytes"
-            )
-        array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
-        array.flags.writeable = False  # the frame's memory, maybe shared: never edit it
-        arrays[name] = array
-    return Message(kind=kind, fields=fields, arrays=arrays)
+    if buffer.nbytes != expected:
+        raise ProtocolError(
+            f"frame {name!r} has {buffer.nbytes} bytes; its header says shape {shape} "
+            f"of {code} = {expected} bytes"
+        )
+    array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    array.flags.writeable = False  # the frame's memory, maybe shared: never edit it
+    return array
 
 
 # --- batches ------------------------------------------------------------------------
@@ -453,13 +507,41 @@ def binding_from_wire(data: Mapping[str, Any]) -> Binding:
 
 def batch_arrays(batch: CompactBatch) -> dict[str, np.ndarray]:
     """The frames of a ``CompactBatch`` in protocol order."""
-    return {"tokens": batch.tokens, "occurrences": batch.occurrences, "sources": batch.sources}
+    return {
+        "tokens": batch.tokens,
+        "occurrences": batch.occurrences,
+        "sources": batch.sources,
+        "mask": NO_MASK if batch.mask is None else batch.mask,
+    }
+
+
+def mask_from_frames(arrays: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The supervision mask of a message's ``tokens``: None for an empty ``mask`` frame,
+    else the frame, which must hold one 0/1 per token (``ProtocolError`` otherwise)."""
+    mask, tokens = arrays["mask"], arrays["tokens"]
+    if mask.size == 0:
+        return None
+    if mask.shape != tokens.shape:
+        raise ProtocolError(
+            f"mask frame of shape {list(mask.shape)} for tokens of shape {list(tokens.shape)}; "
+            "expected one 0/1 per token, or an empty frame for no mask"
+        )
+    if int(mask.max()) > 1:
+        at = int(np.flatnonzero(mask > 1)[0])
+        raise ProtocolError(f"mask frame holds {int(mask[at])} at {at}; accepted: 0 or 1")
+    return mask
 
 
 def batch_shape(batch: CompactBatch) -> dict[str, int | str]:
-    """The header fields that say how to expand a ``CompactBatch``, and which placement
-    policy made it."""
-    return {"rows": batch.rows, "capacity": batch.capacity, "policy": batch.policy}
+    """The header fields that say how to expand a ``CompactBatch``, which placement
+    policy made it, and its step's targets (-1: unknown)."""
+    step = -1 if batch.step_targets is None else batch.step_targets
+    return {
+        "step_targets": step,
+        "rows": batch.rows,
+        "capacity": batch.capacity,
+        "policy": batch.policy,
+    }
 
 
 def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) -> CompactBatch:
@@ -481,6 +563,8 @@ def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) ->
             binding=binding_from_wire(f["binding"]),
             filler=f["filler"],
             policy=f["policy"],
+            mask=mask_from_frames(message.arrays),
+            step_targets=None if f["step_targets"] == -1 else f["step_targets"],
         ).checked(max_cells=limits.max_frame_bytes // 4)
     except InvalidArray as exc:
         raise ProtocolError(str(exc)) from None

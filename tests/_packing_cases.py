@@ -39,3 +39,14 @@ PACKERS = {
     for policy in sp.PackConfig.POLICIES
     for name, pack in (("compiled", compiled_pack), ("reference", reference_pack))
 }
+
+
+#: Supervision masks for the worked example (rule C5), "prompt then response": the
+#: pair predicting token t is trained where t's mask is 1. A trains 100 and EOS, B its
+#: EOS, C 102, 104 and EOS. Each document's first mask value is never read.
+MASK_A, MASK_B, MASK_C = [0, 0, 1, 1], [1, 0, 1], [0, 1, 0, 1, 1]
+#: The worked example's loss_mask rows with those masks (capacity 6, next-fit).
+MASKED_LOSS_ROWS = [
+    [False, True, True, False, True, False],
+    [True, False, True, True, False, False],
+]

@@ -3,6 +3,11 @@ and a parallel row filler.
 
 Pure functions over arrays; the caller (``streampack.packing``) validates every input
 and allocates every output, so nothing here can fail on user data.
+
+A supervision ``mask`` (uint8 0/1, aligned with ``tokens``) is passed to every filler;
+an empty one means "no mask" (every valid target eligible). One array argument of one
+type, whichever the case, keeps one compiled specialization, and a real mask is never
+empty: it covers at least the two tokens of one range.
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ def group_by_row(row_of, row_first, order):  # pragma: no cover - compiled
 @njit(inline="always")
 def _write_example(
     tokens,
+    mask,
     base,
     length,
     r,
@@ -120,7 +126,9 @@ def _write_example(
     segment_starts,
 ):  # pragma: no cover - compiled
     """Cells ``column .. column+length-1`` of row ``r``: one example's ``length`` pairs,
-    read from ``tokens[base : base + length + 1]``."""
+    read from ``tokens[base : base + length + 1]``; the pair predicting token ``t`` is
+    loss-eligible when ``mask`` is empty or marks ``t`` (rule C5)."""
+    masked = mask.shape[0] > 0
     for j in range(length):
         c = column + j
         inputs[r, c] = tokens[base + j]
@@ -129,8 +137,13 @@ def _write_example(
         positions[r, c] = j
         input_valid[r, c] = True
         target_valid[r, c] = True
-        loss_mask[r, c] = True
         segment_starts[r, c] = column
+    if masked:
+        for j in range(length):
+            loss_mask[r, column + j] = mask[base + j + 1] != 0
+    else:
+        for j in range(length):
+            loss_mask[r, column + j] = True
 
 
 @njit(inline="always")
@@ -161,6 +174,7 @@ def _write_padding(
 @njit(parallel=True, cache=True)
 def fill_rows(
     tokens,
+    mask,
     offsets,
     doc,
     start,
@@ -182,7 +196,8 @@ def fill_rows(
 
     Row ``r`` holds examples ``order[row_first[r] .. row_first[r+1]-1]``, left to right
     (next-fit's ``order`` is ``0, 1, 2, ...``); example ``i`` gets segment
-    ``first_segment + i``. Rows are independent, so threads split them with no shared
+    ``first_segment + i``; ``mask`` is aligned with ``tokens`` (empty: none). Rows are
+    independent, so threads split them with no shared
     writes.
     """
     for r in prange(row_first.shape[0] - 1):
@@ -192,6 +207,7 @@ def fill_rows(
             length = stop[i] - start[i] - 1
             _write_example(
                 tokens,
+                mask,
                 offsets[doc[i]] + start[i],
                 length,
                 r,
@@ -225,6 +241,7 @@ def fill_rows(
 @njit(cache=True)
 def fill_compact(
     tokens,
+    mask,
     occurrences,
     inputs,
     targets,
@@ -238,7 +255,8 @@ def fill_compact(
 ):  # pragma: no cover - compiled
     """``fill_rows`` for a checked compact batch, straight from its occurrence records:
     occurrence ``i`` fills columns ``start .. stop-1`` of its row from the next
-    ``stop - start + 1`` tokens. One thread: a batch is small, and the consumer that
+    ``stop - start + 1`` tokens (and mask values: ``mask`` is aligned with ``tokens``,
+    empty when the batch has none). One thread: a batch is small, and the consumer that
     expands it has a trainer to feed on its other cores. The records come whole, not
     as field views: a view of one record is C-contiguous, of more is strided, and each
     layout would be another compiled (and cached) specialization."""
@@ -251,6 +269,7 @@ def fill_compact(
             length = record.stop - record.start
             _write_example(
                 tokens,
+                mask,
                 base,
                 length,
                 r,
@@ -291,6 +310,20 @@ def gather_ranges(tokens, offsets, doc, start, stop, out_offsets, out):  # pragm
         target = out_offsets[i]
         for j in range(stop[i] - start[i]):
             out[target + j] = tokens[base + j]
+
+
+@njit(parallel=True, cache=True)
+def gather_ranges_masked(
+    tokens, mask, offsets, doc, start, stop, out_offsets, out, out_mask
+):  # pragma: no cover - compiled
+    """:func:`gather_ranges` of the tokens and their supervision mask in one pass (one
+    loop over the ranges, not two)."""
+    for i in prange(doc.shape[0]):
+        base = offsets[doc[i]] + start[i]
+        target = out_offsets[i]
+        for j in range(stop[i] - start[i]):
+            out[target + j] = tokens[base + j]
+            out_mask[target + j] = mask[base + j]
 
 
 #: Codes of :func:`check_compact`, in the order it tests them.

@@ -2,8 +2,8 @@
 the oracle for the kernels.
 
 It walks examples one by one and writes cells one by one, straight from rules C1-C5
-and the placement rules of ``streampack.packing``'s docstring, sharing nothing with
-the compiled path but the output types.
+(supervision masks included) and the placement rules of ``streampack.packing``'s
+docstring, sharing nothing with the compiled path but the output types.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from ..config import PackConfig
 from ..errors import OversizedExample
 from ..examples import Binding, Examples
 
-#: A placed example: (ordinal, inputs, targets).
-Placed = tuple[int, list[int], list[int]]
+#: A placed example: (ordinal, inputs, targets, whether each target is loss-eligible).
+Placed = tuple[int, list[int], list[int], list[bool]]
 
 
 def _next_fit(pairs: list[Placed], capacity: int) -> list[list[Placed]]:
@@ -36,7 +36,7 @@ def _best_fit(pairs: list[Placed], capacity: int, open_rows: int) -> list[list[P
     open_: list[int] = []  # indices into rows of the open ones, in opening order
 
     def room(r: int) -> int:
-        return capacity - sum(len(inputs) for _, inputs, _ in rows[r])
+        return capacity - sum(len(inputs) for _, inputs, _, _ in rows[r])
 
     for placed in pairs:
         length = len(placed[1])
@@ -64,7 +64,10 @@ def reference_pack(examples: Examples, binding: Binding, config: PackConfig) -> 
         inputs, targets = selected[:-1], selected[1:]
         if len(inputs) > config.capacity:
             raise OversizedExample(f"{examples.describe(i)} has {len(inputs)} pairs")
-        pairs.append((i, inputs, targets))
+        # C5: the pair (t[j], t[j+1]) is eligible when the mask marks its target t[j+1].
+        mask = examples.example_mask(i)
+        eligible = [True] * len(targets) if mask is None else [m == 1 for m in mask[1:].tolist()]
+        pairs.append((i, inputs, targets, eligible))
     if config.policy == "best_fit":
         rows = _best_fit(pairs, config.capacity, config.open_row_limit)
     else:
@@ -88,15 +91,15 @@ def reference_pack(examples: Examples, binding: Binding, config: PackConfig) -> 
         records = []
         for r, row in enumerate(batch_rows):
             column = 0
-            for ordinal, inputs, targets in row:
-                for j, (x, y) in enumerate(zip(inputs, targets)):
+            for ordinal, inputs, targets, eligible in row:
+                for j, (x, y, e) in enumerate(zip(inputs, targets, eligible)):
                     fields["inputs"][r, column + j] = x
                     fields["targets"][r, column + j] = y
                     fields["segments"][r, column + j] = ordinal
                     fields["positions"][r, column + j] = j
                     fields["input_valid"][r, column + j] = True
                     fields["target_valid"][r, column + j] = True
-                    fields["loss_mask"][r, column + j] = True
+                    fields["loss_mask"][r, column + j] = e
                     fields["segment_starts"][r, column + j] = column
                 records.append(
                     (

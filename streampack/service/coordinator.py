@@ -136,6 +136,7 @@ class Coordinator:
             epoch_live=self.pipeline.epoch_live,
             total=self.pipeline.totals.get,
             numbered=self.pipeline.numbered,
+            accumulation=settings.accumulation,
         )
         self.started = False  # nothing is cut before the first fetch says where to start
         self.metrics: Any = None  # service.metrics.ProducerMetrics, while metrics are served
@@ -393,9 +394,10 @@ class Coordinator:
                 self._budget_warned = True
                 self.warn(
                     f"producer: reorder_budget_bytes = {budget} is too small for the "
-                    f"{held} bytes of batches a drop tail holds back until their groups "
-                    f"of world_size batches are complete; ranks wait. Raise "
-                    f"reorder_budget_bytes above {held}, or use tail = 'fill'"
+                    f"{held} bytes of batches a drop tail or the step targets hold back "
+                    f"until their groups of world_size (x accumulation) batches are "
+                    f"complete; ranks wait. Raise reorder_budget_bytes above {held}, or "
+                    f"use tail = 'fill' and a smaller accumulation"
                 )
         return False
 
@@ -409,6 +411,7 @@ class Coordinator:
         arrays = window.arrays()
         if not with_tokens:  # planning needs the ranges only: half the bytes stay here
             arrays["tokens"] = arrays["tokens"][:0]
+            arrays["mask"] = arrays["mask"][:0]  # and the supervision mask of the tokens
         fields = {
             "epoch": window.epoch,
             "window": window.index,

@@ -40,6 +40,7 @@ class ProducerCounters:
     batches_served: int = 0
     fillers_served: int = 0
     tokens_served: int = 0
+    supervised_targets_served: int = 0  # loss-eligible targets (rule C5) of those tokens
     cells_served: int = 0  # rows x capacity of the batches served (not fillers)
     duplicates_dropped: int = 0
     stale_dropped: int = 0  # late answers for windows taken back (rewind, deadline)

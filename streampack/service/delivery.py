@@ -42,6 +42,11 @@ Bounds and why nothing wedges:
   (``held_for_share``): those batches are asked for, cannot be evicted, and wait for
   the batches that complete their group, which only cutting brings — a budget below a
   group of ``W`` batches would otherwise wedge every rank.
+- Step targets (``steps.py``): a batch goes out carrying the loss-eligible targets of
+  its optimizer step (``W`` ranks x ``accumulation`` micro-batches), so it is served
+  once every batch of that step is numbered (or the epoch's total cuts the step
+  short). Until then it is held back exactly like a drop tail's batch, and a rewind
+  goes to the first batch of the step, so that each of its counts is numbered again.
 """
 
 from __future__ import annotations
@@ -56,8 +61,10 @@ import numpy as np
 from .. import wire
 from ..batch import CompactBatch
 from ..errors import ProtocolError
+from ..loss import step_range
 from .counters import ProducerCounters
 from .pipeline import Assembled
+from .steps import StepTargets
 
 Key = tuple[int, int]  # (epoch, global batch index)
 #: Sends one message to a consumer; False when it cannot be delivered (gone, or
@@ -141,8 +148,10 @@ class Delivery:
         epoch_live: Callable[[int], bool],
         total: Callable[[int], int | None],
         numbered: Callable[[int], int],
+        accumulation: int = 1,
     ) -> None:
         self.tail = tail
+        self.steps = StepTargets(accumulation)
         self.reorder_budget_bytes = reorder_budget_bytes
         self.consumer_timeout = consumer_timeout
         self.send = send
@@ -226,8 +235,11 @@ class Delivery:
                 break
             if outcome == "wait":
                 behind = key < assembly_point and key not in self.ready
-                if behind and (rewind_to is None or key < rewind_to):
-                    rewind_to = key
+                behind = behind or self._step_lost(key, consumer)
+                # From the first batch of its step: the replay numbers (and counts) all.
+                first = (key[0], step_range(key[1], world, self.steps.accumulation, base)[0])
+                if behind and (rewind_to is None or first < rewind_to):
+                    rewind_to = first
         self._bound_pending(identity)
         return rewind_to
 
@@ -245,9 +257,11 @@ class Delivery:
                 self._send_end(identity, consumer, key, stream=False)
                 return "ended"
             if index >= total:
+                if self._step_targets(key, consumer) is None:
+                    return "wait"  # its step's counts are gone: ``fetch`` rewinds for them
                 self._send_filler(identity, consumer, key)
                 return "sent"
-        if key in self.ready and self._within_share(key, consumer):
+        if key in self.ready and self._servable(key, consumer):
             self._serve(key, sorted(self.pending.get(key, {identity})))
             return "sent" if key not in consumer.pending else "wait"
         return "wait"
@@ -263,6 +277,30 @@ class Delivery:
         if self.tail == "fill":
             return True
         return self.numbered(epoch) >= index - consumer.rank + consumer.world_size
+
+    def _step_targets(self, key: Key, consumer: Consumer) -> int | None:
+        """The loss-eligible targets of ``key``'s step for this consumer's world size, or
+        None while some batch of the step is not numbered."""
+        epoch = key[0]
+        total = self.total(epoch)
+        end = None if total is None else min(total, consumer.share(epoch, total, self.tail)[1])
+        return self.steps.of_step(epoch, key[1], consumer.world_size, consumer.base(epoch), end)
+
+    def _step_lost(self, key: Key, consumer: Consumer) -> bool:
+        """Every batch of ``key``'s step was numbered, yet a count is gone (its epoch had
+        been left by every consumer there was): only a replay brings it back."""
+        epoch = key[0]
+        _, stop = step_range(
+            key[1], consumer.world_size, self.steps.accumulation, consumer.base(epoch)
+        )
+        total = self.total(epoch)
+        if total is not None:
+            stop = min(stop, total, consumer.share(epoch, total, self.tail)[1])
+        return stop <= self.numbered(epoch) and self._step_targets(key, consumer) is None
+
+    def _servable(self, key: Key, consumer: Consumer) -> bool:
+        """In the consumer's share, and its step's targets known."""
+        return self._within_share(key, consumer) and self._step_targets(key, consumer) is not None
 
     def _send_end(self, identity: bytes, consumer: Consumer, key: Key, *, stream: bool) -> None:
         epoch = key[0]
@@ -284,6 +322,7 @@ class Delivery:
 
     def _send_filler(self, identity: bytes, consumer: Consumer, key: Key) -> None:
         fields = {"epoch": key[0], "index": key[1]} | self._filler_fields
+        fields["step_targets"] = self._step_targets(key, consumer)
         if self.send(identity, "batch", fields, self._filler_arrays):
             self.counters.add("fillers_served")
             self._unpend(identity, key)
@@ -292,7 +331,8 @@ class Delivery:
             self._forget_consumer(identity)
 
     def _serve(self, key: Key, identities: list[bytes]) -> None:
-        """Send ready batch ``key`` to each identity; forget it once one took it."""
+        """Send ready batch ``key`` to each identity it can go to now; forget it once
+        one took it and none still waits for it."""
         entry = self.ready[key]
         fields = {
             "epoch": key[0],
@@ -306,8 +346,9 @@ class Delivery:
         delivered = False
         for identity in identities:
             consumer = self.consumers.get(identity)
-            if consumer is None or not self._within_share(key, consumer):
+            if consumer is None or not self._servable(key, consumer):
                 continue
+            fields["step_targets"] = self._step_targets(key, consumer)
             if self.send(identity, "batch", fields, arrays):
                 if not delivered:
                     self.counters.served_to_rank(consumer.rank, entry.batch.real_tokens)
@@ -317,10 +358,12 @@ class Delivery:
             else:
                 self._forget_consumer(identity)
         if delivered:
-            del self.ready[key]
-            self.ready_bytes -= entry.batch.nbytes
+            if not self.pending.get(key):  # kept while another asker waits for its step
+                del self.ready[key]
+                self.ready_bytes -= entry.batch.nbytes
             self.counters.add("batches_served")
             self.counters.add("tokens_served", entry.batch.real_tokens)
+            self.counters.add("supervised_targets_served", entry.batch.supervised_targets)
             self.counters.add("cells_served", entry.batch.rows * entry.batch.capacity)
             occurrences = entry.batch.occurrences
             self.counters.served_by_source(
@@ -349,6 +392,7 @@ class Delivery:
 
     def on_batch(self, event: Assembled) -> None:
         key = (event.epoch, event.index)
+        self.steps.record(event.epoch, event.index, event.batch.supervised_targets)
         if key in self.ready:
             self.counters.add("duplicates_dropped")
             return
@@ -359,12 +403,13 @@ class Delivery:
             self._serve(key, sorted(waiting))
 
     def after_assembly(self) -> None:
-        """With ``tail = "drop"``, serve the waiting fetches of ready batches that more
-        numbered batches have just shown to be within their rank's share."""
-        if self.tail != "drop":
-            return
+        """Serve the waiting fetches of ready batches that more numbered batches have
+        just shown to be within their rank's share (``tail = "drop"``) or completed
+        the step of (step targets)."""
         for key in [k for k in self.pending if k in self.ready]:
-            self._serve(key, sorted(self.pending[key]))
+            waiting = self.pending.get(key)  # serving one key may forget a consumer
+            if waiting and key in self.ready:
+                self._serve(key, sorted(waiting))
 
     def on_total(self, epoch: int) -> None:
         """Epoch ``epoch``'s total is known: answer the fetches it decides — past the
@@ -402,12 +447,9 @@ class Delivery:
         )
 
     def held_for_share(self) -> int:
-        """Bytes of ready batches that are asked for but not yet known to be in the
-        asker's share: with ``tail = "drop"``, before the epoch's total is known, each
-        waits for the batches that complete its group of ``W`` (at most one such batch
-        per consumer, so at most ``W - 1`` for a job's ranks)."""
-        if self.tail != "drop":
-            return 0
+        """Bytes of ready batches that are asked for but wait, before the epoch's total
+        is known, for the batches that complete their group of ``W`` (``tail =
+        "drop"``) or their step: at most one step of batches per consumer."""
         return sum(
             self.ready[key].batch.nbytes
             for key in self.pending
@@ -454,13 +496,18 @@ class Delivery:
             self.counters.add("evicted")
 
     def expire(self, now: float) -> None:
-        """Forget consumers silent for ``consumer_timeout`` (with their fetches)."""
+        """Forget consumers silent for ``consumer_timeout`` (with their fetches), and the
+        step counts of epochs every consumer has left."""
         limit = now - self.consumer_timeout
         while self.consumers:
             identity, consumer = next(iter(self.consumers.items()))
             if consumer.last_heard >= limit:
                 break
             self._forget_consumer(identity)
+        floors = [c.floor() for c in self.consumers.values()]
+        epochs = [floor[0] for floor in floors if floor is not None]
+        if epochs and len(epochs) == len(floors):  # one epoch kept for a late rank
+            self.steps.forget_before(min(epochs) - 1)
 
     def _forget_consumer(self, identity: bytes) -> None:
         consumer = self.consumers.pop(identity, None)

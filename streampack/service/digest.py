@@ -21,6 +21,7 @@ from ..batch import PackedBatch
 from ..client import ResumeError, StreamDigest, resume_cursor
 from ..corpus import open_corpus
 from ..errors import InvalidConfig
+from ..loss import step_range
 from ..packing import pack_examples
 from ..settings import ProducerSettings, add_flags, check_number, check_rank, from_args
 from ..windows import CutSpec, iter_windows
@@ -50,39 +51,74 @@ def rank_stream(
 ) -> Iterator[tuple[int, int, PackedBatch]]:
     """(epoch, global index, batch) of everything rank ``rank`` receives, in order; from
     ``start`` = (epoch, base, index), a resumed cursor (``client.resume_cursor``), when
-    given: that epoch's share counts from ``base`` and the rank continues at ``index``."""
+    given: that epoch's share counts from ``base`` and the rank continues at ``index``.
+    Each batch carries its step's targets (``streampack.loss``), as the producer sends."""
     source = open_corpus(settings.corpus_path(), allow_outside=settings.corpus_allow_outside)
     binding = source.binding.to_binding()
     epoch, first_base, first_index = start if start is not None else (0, 0, rank)
     first_epoch = epoch
+    steps = settings.accumulation  # micro-batches per rank in one optimizer step
     while settings.epochs == 0 or epoch < settings.epochs:
         base, begin = (first_base, first_index) if epoch == first_epoch else (0, rank)
         held: collections.deque[tuple[int, PackedBatch]] = collections.deque()
+        counts: list[int] = []  # loss-eligible targets of every global batch so far
+
         total = 0
         for index, batch in enumerate(epoch_batches(settings, source, epoch)):
             total = index + 1
+            counts.append(int(batch.loss_mask.sum()))
             if index >= begin and (index - base) % world_size == rank:
                 held.append((index, batch))
-            # A held batch is certainly inside the rank's share once W more exist.
-            while held and (settings.tail == "fill" or held[0][0] + world_size <= total):
+            # A held batch is certainly inside the rank's share once W more exist, and
+            # its step's targets are known once the whole step is.
+            while (
+                held
+                and (settings.tail == "fill" or held[0][0] + world_size <= total)
+                and step_range(held[0][0], world_size, steps, base)[1] <= total
+            ):
                 g, b = held.popleft()
-                yield epoch, g, b
+                yield epoch, g, _with_step(b, g, counts, world_size, steps, base, None)
         limit = base + rank_share(max(0, total - base), world_size, settings.tail) * world_size
+        end = min(total, limit)  # batches past it are fillers or left out: they count 0
         for g, b in held:
             if g < limit:
-                yield epoch, g, b
+                yield epoch, g, _with_step(b, g, counts, world_size, steps, base, end)
         for g in range(begin, limit, world_size):
             if g >= total:
                 yield (
                     epoch,
                     g,
-                    PackedBatch.filler_like(
-                        binding, settings.max_rows_per_batch, settings.capacity, settings.policy
+                    _with_step(
+                        PackedBatch.filler_like(
+                            binding, settings.max_rows_per_batch, settings.capacity, settings.policy
+                        ),
+                        g,
+                        counts,
+                        world_size,
+                        steps,
+                        base,
+                        end,
                     ),
                 )
         if total == 0:
             return  # no documents: every epoch is empty, so an unbounded stream ends
         epoch += 1
+
+
+def _with_step(
+    batch: PackedBatch,
+    g: int,
+    counts: list[int],
+    world_size: int,
+    accumulation: int,
+    base: int,
+    end: int | None,
+) -> PackedBatch:
+    """``batch`` (global batch ``g``) with the targets of its step: the counts of the
+    step's batches, those at or past ``end`` (fillers, a drop tail's leftovers) 0."""
+    first, stop = step_range(g, world_size, accumulation, base)
+    step = sum(counts[first : stop if end is None else min(stop, end)])
+    return dataclasses.replace(batch, step_targets=step)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -70,6 +70,10 @@ LATENCY_BUCKETS = (
 PRODUCER_COUNTERS: dict[str, tuple[str, str]] = {
     "batches_served": ("streampack_batches_served", "Batches sent to consumers (not fillers)"),
     "fillers_served": ("streampack_fillers_served", "All-padding filler batches sent"),
+    "supervised_targets_served": (
+        "streampack_supervised_targets_served",
+        "Loss-eligible targets (a supervision mask's marked ones) of the batches sent",
+    ),
     "batches_received": (
         "streampack_batches_received",
         "Batches received from workers as checked plans",

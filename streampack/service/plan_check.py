@@ -100,9 +100,9 @@ def plan_batches(
     max_rows_per_batch: int,
     policy: str = "next_fit",
 ) -> list[CompactBatch]:
-    """The compact batches of the contract's plan, tokens taken from ``window`` by the
-    records' ordinals (best-fit's are not consecutive: a later document may sit in an
-    earlier row)."""
+    """The compact batches of the contract's plan, tokens (and their supervision mask)
+    taken from ``window`` by the records' ordinals (best-fit's are not consecutive: a
+    later document may sit in an earlier row)."""
     batches = []
     ends = np.cumsum(plan.sizes)
     for first, last in zip((ends - plan.sizes).tolist(), ends.tolist()):
@@ -118,6 +118,7 @@ def plan_batches(
         batches.append(
             CompactBatch(
                 tokens=window.batch_tokens(ordinals),
+                mask=window.batch_mask(ordinals),
                 occurrences=occurrences,
                 rows=rows,
                 capacity=capacity,

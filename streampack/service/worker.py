@@ -48,7 +48,8 @@ logger = logging.getLogger(__name__)
 
 
 def window_examples(arrays: dict[str, np.ndarray]) -> Examples:
-    """The examples of one window's frames (validated by ``Examples``)."""
+    """The examples of one window's frames (validated by ``Examples``), with the
+    window's supervision mask when it has one (an empty ``mask`` frame: none)."""
     return Examples(
         tokens=arrays["tokens"],
         offsets=arrays["offsets"],
@@ -57,6 +58,7 @@ def window_examples(arrays: dict[str, np.ndarray]) -> Examples:
         stop=arrays["stop"],
         source_id=arrays["source_id"],
         example_id=arrays["example_id"],
+        mask=wire.mask_from_frames(arrays),
     )
 
 
@@ -252,6 +254,7 @@ class Worker:
                             raise wire.ProtocolError(
                                 f"a worker accepts 'window' messages, not {message.kind!r}"
                             )
+                        wire.mask_from_frames(message.arrays)  # a bad mask is malformed
                     except wire.ProtocolError as exc:
                         self.counters["rejected"] += 1
                         logger.warning("rejected a message: %s", exc)

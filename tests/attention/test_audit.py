@@ -156,3 +156,72 @@ def test_report_is_plain_data():
     report = audit(batch).as_dict()
     assert json.loads(json.dumps(report)) == report
     assert set(report) >= {"passed", "max_logit_diff", "max_grad_diff", "comparisons"}
+
+
+# -- supervision masks (rule C5): the objective counts only the marked targets ------------
+
+WORKED_MASKS = [[0, 0, 1, 1], [1, 0, 1], [0, 1, 0, 1, 1]]
+
+
+def _masked_worked() -> tuple[sp.Examples, sp.PackedBatch]:
+    examples = sp.Examples.from_documents(
+        [[0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]], masks=WORKED_MASKS
+    )
+    config = sp.PackConfig(capacity=6, max_rows_per_batch=2)
+    return examples, sp.pack_examples(examples, BINDING, config).batches[0]
+
+
+def test_a_masked_batch_passes_scoring_only_its_marked_targets():
+    examples, batch = _masked_worked()
+    report = audit(batch, examples=examples)
+    assert report.passed, report.notes
+    # 6 of the 9 real targets are marked: 6 logit rows of the 8 relabeled tokens.
+    assert report.comparisons == 6 * 8 + 1 + DecoderConfig.small(8).parameter_count()
+
+
+def test_a_batch_that_ignored_the_mask_fails_the_audit_c5():
+    examples, _ = _masked_worked()
+    (ignored,) = sp.pack_examples(
+        dataclasses.replace(examples, mask=None),
+        BINDING,
+        sp.PackConfig(capacity=6, max_rows_per_batch=2),
+    ).batches
+    report = audit(ignored, examples=examples)
+    assert not report.passed
+    assert (
+        "occurrence 0: loss-eligible cells [0, 1, 2] but its targets are eligible at [1, 2]"
+        in report.notes[0]
+    )
+    assert any("target counts differ: 9 vs 6" in note for note in report.notes)
+
+
+def test_a_masked_batch_with_long_occurrences_is_audited_on_the_marked_prefix():
+    rng = np.random.default_rng(5)
+    documents = [rng.integers(0, 266, size=int(n)) for n in rng.integers(4, 22, size=12)]
+    masks = [(rng.random(len(d)) < 0.6).astype(np.uint8) for d in documents]
+    examples = sp.Examples.from_documents(documents, masks=masks)
+    (batch,) = sp.pack_examples(
+        examples, BINDING, sp.PackConfig(capacity=40, max_rows_per_batch=8)
+    ).batches
+    assert audit(batch, examples=examples).passed
+    assert audit(batch, examples=examples, config=DecoderConfig.large(), seed=3).passed
+    assert not audit(batch).passed  # without its examples a batch is taken as unmasked
+
+
+def test_the_equivalence_suite_scores_only_the_marked_targets_of_a_masked_batch_c5():
+    from streampack.audit import compare_executions
+    from streampack.decoder import Decoder
+
+    examples, batch = _masked_worked()
+    decoder = Decoder.init(DecoderConfig.large(), 0)
+    result = compare_executions(decoder, examples, batch)
+    assert result.passed, (result.packed_vs_separate.notes, result.padded_vs_separate.notes)
+    assert result.packed_vs_separate.logits == 6 * 266  # the 6 marked targets only
+    (ignored,) = sp.pack_examples(
+        dataclasses.replace(examples, mask=None),
+        BINDING,
+        sp.PackConfig(capacity=6, max_rows_per_batch=2),
+    ).batches
+    wrong = compare_executions(decoder, examples, ignored)
+    assert not wrong.packed_vs_separate.passed
+    assert "were scored (rule C5)" in " ".join(wrong.packed_vs_separate.notes)

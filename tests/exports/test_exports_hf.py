@@ -271,3 +271,92 @@ def test_on_cpu_sdpa_and_eager_take_flat_boundaries_from_position_ids_alone(pack
         assert torch.equal(model(**(arguments | one_sequence)).logits, logits)
         running = model(**(arguments | {"position_ids": torch.arange(cells)[None]})).logits
     assert not torch.allclose(running, logits)
+
+
+# -- supervised fine-tuning: only the marked targets are trained (rule C5) ---------------
+
+
+@pytest.fixture(scope="module")
+def packed_sft() -> tuple[sp.Examples, sp.PackedBatch]:
+    """The same documents as ``packed``, each a prompt (mask 0) then a response (mask
+    1) of at least one token."""
+    rng = np.random.default_rng(7)
+    documents = [rng.integers(1, VOCAB, n).tolist() for n in DOCUMENT_LENGTHS]
+    prompts = [int(rng.integers(1, n)) for n in DOCUMENT_LENGTHS]
+    masks = [[0] * p + [1] * (n - p) for p, n in zip(prompts, DOCUMENT_LENGTHS)]
+    examples = sp.Examples.from_documents(documents, masks=masks)
+    (batch,) = sp.pack_examples(
+        examples, BINDING, sp.PackConfig(capacity=CAPACITY, max_rows_per_batch=8)
+    ).batches
+    assert 0 < batch.loss_mask.sum() < batch.target_valid.sum()
+    return examples, batch
+
+
+def each_example_alone_with_its_prompt_masked(model: torch.nn.Module, examples: sp.Examples):
+    """The fine-tuning objective the slow way, in Hugging Face's own convention: each
+    example alone, ``labels = input_ids`` with -100 where the mask is 0, shifted by the
+    model's loss; NLL summed over every example's labelled targets, divided by their
+    count (rule C7), in float64."""
+    total, count = 0.0, 0
+    for i in range(len(examples)):
+        tokens = torch.from_numpy(examples.example_tokens(i).astype(np.int64))
+        mask = torch.from_numpy(examples.example_mask(i).astype(bool))
+        labels = torch.where(mask, tokens, -100)
+        logits = model(input_ids=tokens[None], use_cache=False).logits[0]
+        total = total + torch.nn.functional.cross_entropy(
+            logits[:-1], labels[1:], ignore_index=-100, reduction="sum"
+        )
+        count += int((labels[1:] != -100).sum())
+    loss = total / count
+    return loss.detach(), gradients(model, loss)
+
+
+@pytest.mark.parametrize("layout", ["rows", "flat"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_fine_tuning_loss_and_every_gradient_equal_each_example_alone_c5_c7(
+    packed_sft, family, layout
+):
+    examples, batch = packed_sft
+    model = tiny_model(family, "sdpa")
+    want_loss, want_grads = each_example_alone_with_its_prompt_masked(model, examples)
+    arguments = batch.to_hf(layout, pad_id=0)
+    labels = arguments["shift_labels"]
+    assert int((labels != -100).sum()) == int(batch.loss_mask.sum())
+    output = model(**arguments)
+    assert abs(output.loss.item() - want_loss.item()) <= 1e-6 * want_loss.item()
+    loss = torch.nn.functional.cross_entropy(
+        output.logits.flatten(0, 1), labels.flatten(), ignore_index=-100
+    )
+    got_grads = gradients(model, loss)
+    assert close(loss.detach(), want_loss), (loss.item(), want_loss.item())
+    for name in want_grads:
+        assert close(got_grads[name], want_grads[name]), name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_negative_control_a_packer_that_drops_the_mask_trains_the_prompts_too(packed_sft, family):
+    """TRL #3728's bug, here impossible: the same documents packed without their mask
+    train every target, and the loss is no longer the fine-tuning loss."""
+    import dataclasses
+
+    examples, _ = packed_sft
+    model = tiny_model(family, "sdpa")
+    want_loss, _ = each_example_alone_with_its_prompt_masked(model, examples)
+    (dropped,) = sp.pack_examples(
+        dataclasses.replace(examples, mask=None),
+        BINDING,
+        sp.PackConfig(capacity=CAPACITY, max_rows_per_batch=8),
+    ).batches
+    with torch.no_grad():
+        loss = model(**dropped.to_hf("rows", pad_id=0)).loss
+    assert not close(loss.double(), want_loss) and abs(loss - want_loss) > 1e-3
+
+
+def test_to_torch_and_megatron_loss_mask_carry_the_supervision_mask(packed_sft):
+    _, batch = packed_sft
+    tensors = batch.to_torch()
+    assert torch.equal(tensors["loss_mask"], torch.from_numpy(batch.loss_mask))
+    assert not torch.equal(tensors["loss_mask"], tensors["target_valid"])
+    # Megatron takes the loss mask beside PackedSeqParams, flattened as the tokens are.
+    assert batch.megatron_loss_mask().tolist() == [batch.loss_mask.reshape(-1).tolist()]
+    assert batch.megatron_loss_mask().dtype == torch.float32

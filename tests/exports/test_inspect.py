@@ -172,3 +172,72 @@ def test_the_readme_shows_the_golden_rendering_and_links_the_committed_png():
     from matplotlib.image import imread
 
     assert imread(ROOT / "docs" / "inspect-worked-example.png").shape[:2] == (850, 1000)
+
+
+# -- supervision masks: context-only cells are drawn apart from trained ones (C5) -----------
+
+MASKED_GOLDEN = ROOT / "fixtures" / "seed" / "inspect-masked.txt"
+
+
+@pytest.fixture(scope="module")
+def masked_example():
+    import streampack as sp
+    from streampack.trace import find_fixture, load_worked_example
+
+    examples, binding, config, _ = load_worked_example(find_fixture(None))
+    # The worked example as prompt-then-response: A trains 100 and EOS, B its EOS, C
+    # 102, 104 and EOS (the masks of tests/_packing_cases.py).
+    masks = np.array([0, 0, 1, 1] + [1, 0, 1] + [0, 1, 0, 1, 1], np.uint8)
+    masked = sp.Examples(
+        tokens=examples.tokens,
+        offsets=examples.offsets,
+        doc=examples.doc,
+        start=examples.start,
+        stop=examples.stop,
+        mask=masks,
+    )
+    return sp.pack_examples(masked, binding, config).batches[0]
+
+
+def test_terminal_view_of_a_masked_batch_marks_context_only_targets(
+    tmp_path, masked_example, capsys
+):
+    text = render.batch_text(masked_example, title="the worked example, prompts masked")
+    assert text == MASKED_GOLDEN.read_text()
+    assert "  trained     -   ✓   ✓   -   ✓   ·" in text.splitlines()
+    assert "supervised targets 6 of 9" in text
+    path = tmp_path / "masked.npz"
+    render.save_batch(masked_example, path)
+    assert cli_main(["inspect", "--batch-file", str(path), "--row", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "  trained     ✓   -   ✓   ✓   ·   ·" in out.splitlines()
+
+
+def test_png_of_a_masked_batch_draws_context_only_cells_pale(tmp_path, masked_example, example):
+    from matplotlib.image import imread
+
+    path = tmp_path / "masked.png"
+    layout = render.batch_png(masked_example, path, row=0)
+    image = imread(path)
+    blue, orange, green = (np.array(render._rgb(c)) for c in render.SEGMENT_COLOURS[:3])
+
+    def pale(colour):
+        return render.CONTEXT_TINT * colour + (1 - render.CONTEXT_TINT)
+
+    context = render.context_only(masked_example)
+    assert context.tolist() == [
+        [True, False, False, True, False, False],
+        [False, True, False, False, False, False],
+    ]
+    colours = {0: blue, 1: orange, 2: green}
+    for row in range(2):
+        for column in range(int(masked_example.valid_lengths[row])):
+            segment = int(masked_example.segments[row, column])
+            want = pale(colours[segment]) if context[row, column] else colours[segment]
+            x, y = layout.cell_point(row, column + 0.12, 0.8)
+            assert np.abs(image[y, x][:3] - want).max() <= 1.5 / 255, (row, column)
+    # An unmasked batch has no context-only cell: its picture is the one it always was.
+    assert not render.context_only(example).any()
+    np.testing.assert_array_equal(
+        render.cell_colours(example), render._segment_colours(example.segments)
+    )

@@ -73,6 +73,7 @@ def test_stats_count_cells_targets_and_edges(batch):
         "cells": 12,
         "valid_cells": 9,
         "real_targets": 9,
+        "supervised_targets": 9,
         "padding_cells": 3,
         "padding_fraction": 0.25,
         "occurrences": 3,

@@ -43,7 +43,7 @@ def test_ready_header_bytes_are_pinned():
     assert header == bytes.fromhex(
         "85"
         "a176"
-        "06"
+        "07"
         "a16b"
         "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
         "ac" + b"needs_tokens".hex() + "c2"
@@ -58,7 +58,7 @@ def test_fetch_header_bytes_are_pinned():
         "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4, "base": 0}
     )
     expected = (
-        b"\x89\xa1v\x06\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\x89\xa1v\x07\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
         b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa4base\x00\xa1f\x90"
     )
     assert header == expected
@@ -73,6 +73,7 @@ def test_window_header_lists_frames_with_dtype_and_shape():
         "stop": np.array([2, 3]),
         "source_id": np.array([7, 8]),
         "example_id": np.array([7, 8]),
+        "mask": np.zeros(0, np.uint8),
     }
     fields = {
         "epoch": 0,
@@ -273,6 +274,7 @@ def test_malformed_headers_are_rejected(frames, match):
 def _window_frames(**spec_overrides):
     arrays = {name: np.zeros(2, np.int64) for name in wire.WINDOW_FRAMES}
     arrays["tokens"] = np.zeros(4, np.int32)
+    arrays["mask"] = np.zeros(0, np.uint8)
     fields = {"epoch": 0, "window": 0, "binding": {}, "config": {}, "with_tokens": True}
     frames = wire.encode("window", fields, arrays)
     header = msgpack.unpackb(frames[0])
@@ -323,6 +325,7 @@ def test_encoder_refuses_what_the_decoder_would_refuse():
 def test_encoding_converts_byte_order_to_little_endian():
     arrays = {name: np.zeros(1, ">i8") for name in wire.WINDOW_FRAMES}
     arrays["tokens"] = np.array([1, 256], dtype=">i4")
+    arrays["mask"] = np.zeros(0, np.uint8)
     fields = {"epoch": 0, "window": 0, "binding": {}, "config": {}, "with_tokens": True}
     frames = wire.encode("window", fields, arrays)
     assert bytes(frames[1]) == b"\x01\x00\x00\x00\x00\x01\x00\x00"
@@ -376,3 +379,117 @@ def test_a_batch_header_with_an_unknown_policy_is_refused():
     )
     with pytest.raises(ProtocolError, match="policy 'first_fit'; accepted: 'next_fit'"):
         wire.batch_from_message(wire.decode(frames))
+
+
+# -- version 7: the supervision mask travels with the tokens it marks -------------------
+
+WORKED_MASKS = [[0, 0, 1, 1], [1, 0, 1], [0, 1, 0, 1, 1]]
+
+
+def masked_compact() -> CompactBatch:
+    examples = Examples.from_documents(WORKED, masks=WORKED_MASKS)
+    (compact,) = pack_compact(examples, BINDING, WORKED_CONFIG)
+    return compact
+
+
+def test_a_masked_batch_sends_one_mask_byte_per_token_and_expands_to_the_packed_batch():
+    compact = masked_compact()
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
+    header = msgpack.unpackb(frames[0])
+    assert header["v"] == 7
+    assert header["f"][3] == ["mask", "|u1", [12]]
+    assert bytes(frames[4]) == bytes.fromhex("000001010100010001000101")
+    received = wire.batch_from_message(wire.decode([zmq.Frame(bytes(f)) for f in frames]))
+    assert received.mask.tolist() == sum(WORKED_MASKS, [])
+    examples = Examples.from_documents(WORKED, masks=WORKED_MASKS)
+    (want,) = pack_examples(examples, BINDING, WORKED_CONFIG).batches
+    batch = received.expand()
+    assert batch.digest() == want.digest() != worked_batch().digest()
+    assert batch.loss_mask.tolist() == [
+        [False, True, True, False, True, False],
+        [True, False, True, True, False, False],
+    ]
+
+
+def test_an_unmasked_batch_sends_an_empty_mask_frame_and_arrives_unmasked():
+    compact = worked_compact()
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
+    assert msgpack.unpackb(frames[0])["f"][3] == ["mask", "|u1", [0]]
+    assert bytes(frames[4]) == b""
+    received = wire.batch_from_message(wire.decode(frames))
+    assert received.mask is None
+    assert received.expand().digest() == worked_batch().digest()
+
+
+def _masked_batch_frames(mask: np.ndarray, code: str = "|u1") -> list[bytes]:
+    compact = masked_compact()
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
+    header = msgpack.unpackb(frames[0])
+    header["f"][3] = ["mask", code, list(mask.shape)]
+    return [msgpack.packb(header), *[bytes(f) for f in frames[1:4]], mask.tobytes()]
+
+
+@pytest.mark.parametrize(
+    ("mask", "code", "match"),
+    [
+        (np.ones(11, np.uint8), "|u1", r"mask frame of shape \[11\] for tokens of shape \[12\]"),
+        (np.ones(13, np.uint8), "|u1", r"mask frame of shape \[13\]"),
+        (np.full(12, 2, np.uint8), "|u1", "mask frame holds 2 at 0; accepted: 0 or 1"),
+        (np.ones(12, "<i4"), "<i4", r"expected 'mask' with dtype \|u1"),
+        (np.ones(12, np.bool_), "|b1", r"expected 'mask' with dtype \|u1"),
+    ],
+)
+def test_a_malformed_mask_frame_is_refused_like_any_malformed_message(mask, code, match):
+    with pytest.raises(ProtocolError, match=match):
+        wire.batch_from_message(wire.decode(_masked_batch_frames(mask, code)))
+
+
+def test_a_window_carries_its_mask_to_a_worker_that_needs_tokens_only():
+    from streampack.service.worker import window_examples
+    from streampack.windows import Window
+
+    examples = Examples.from_documents(WORKED, masks=WORKED_MASKS)
+    window = Window(
+        epoch=0,
+        index=0,
+        documents=3,
+        tokens=examples.tokens,
+        offsets=examples.offsets,
+        start=examples.start,
+        stop=examples.stop,
+        source_id=examples.source_id,
+        example_id=examples.example_id,
+        quarantined=[],
+        mask=examples.mask,
+    )
+    fields = {"epoch": 0, "window": 0, "binding": {}, "config": {}, "with_tokens": True}
+    message = wire.decode(wire.encode("window", fields, window.arrays()))
+    assert msgpack.unpackb(wire.encode("window", fields, window.arrays())[0])["f"][7] == [
+        "mask",
+        "|u1",
+        [12],
+    ]
+    received = window_examples(message.arrays)
+    assert received.mask.tolist() == sum(WORKED_MASKS, [])
+    unmasked = dataclasses.replace(window, mask=None)
+    plain = window_examples(wire.decode(wire.encode("window", fields, unmasked.arrays())).arrays)
+    assert plain.mask is None
+    short = window.arrays() | {"mask": examples.mask[:5]}
+    with pytest.raises(ProtocolError, match=r"mask frame of shape \[5\] for tokens of shape"):
+        window_examples(wire.decode(wire.encode("window", fields, short)).arrays)
+
+
+def test_a_batch_header_carries_its_steps_targets_and_a_bad_count_is_refused():
+    compact = dataclasses.replace(masked_compact(), step_targets=40)
+    frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
+    # ... "filler": false, "step_targets": 40, then "binding"
+    assert (
+        bytes.fromhex("a6" + b"filler".hex() + "c2ac" + b"step_targets".hex() + "28") in (frames[0])
+    )
+    assert wire.batch_from_message(wire.decode(frames)).expand().step_targets == 40
+    unknown = wire.encode("batch", batch_fields(masked_compact()), wire.batch_arrays(compact))
+    assert wire.batch_from_message(wire.decode(unknown)).step_targets is None  # sent as -1
+    # A step includes the batch: fewer targets than the batch's own 6 is refused.
+    short = wire.encode("batch", batch_fields(compact, step_targets=5), wire.batch_arrays(compact))
+    with pytest.raises(ProtocolError, match="step_targets 5; accepted: an integer >= .* 6"):
+        wire.batch_from_message(wire.decode(short))
