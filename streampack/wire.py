@@ -91,7 +91,7 @@ import numpy as np
 
 from streampack.batch import OCCURRENCE_DTYPE, CompactBatch
 from streampack.errors import InvalidArray, InvalidConfig, ProtocolError
-from streampack.examples import Binding
+from streampack.examples import Binding, Examples
 
 if TYPE_CHECKING:
     import zmq
@@ -530,6 +530,21 @@ def mask_from_frames(arrays: Mapping[str, np.ndarray]) -> np.ndarray | None:
         at = int(np.flatnonzero(mask > 1)[0])
         raise ProtocolError(f"mask frame holds {int(mask[at])} at {at}; accepted: 0 or 1")
     return mask
+
+
+def window_examples(arrays: Mapping[str, np.ndarray]) -> Examples:
+    """The examples of one window's frames (validated by ``Examples``), with the
+    window's supervision mask when it has one (an empty ``mask`` frame: none)."""
+    return Examples(
+        tokens=arrays["tokens"],
+        offsets=arrays["offsets"],
+        doc=arrays["doc"],
+        start=arrays["start"],
+        stop=arrays["stop"],
+        source_id=arrays["source_id"],
+        example_id=arrays["example_id"],
+        mask=mask_from_frames(arrays),
+    )
 
 
 def batch_shape(batch: CompactBatch) -> dict[str, int | str]:

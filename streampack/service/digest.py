@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from .. import wire
 from ..batch import PackedBatch
 from ..client import ResumeError, StreamDigest, resume_cursor
 from ..corpus import open_corpus
@@ -26,7 +27,6 @@ from ..packing import pack_examples
 from ..settings import ProducerSettings, add_flags, check_number, check_rank, from_args
 from ..windows import CutSpec, iter_windows
 from .delivery import rank_share
-from .worker import window_examples
 
 
 def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterator[PackedBatch]:
@@ -36,7 +36,7 @@ def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterat
     for window in iter_windows(source, epoch, CutSpec.from_settings(settings)):
         if len(window.start) == 0:
             continue
-        for batch in pack_examples(window_examples(window.arrays()), binding, config).batches:
+        for batch in pack_examples(wire.window_examples(window.arrays()), binding, config).batches:
             # Each occurrence's source in a mixture, as the producer attaches it.
             yield dataclasses.replace(
                 batch, sources=window.source_index[batch.occurrences["ordinal"]]

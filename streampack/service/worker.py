@@ -34,7 +34,6 @@ import signal
 import time
 from typing import Any
 
-import numpy as np
 import zmq
 
 from .. import wire
@@ -45,21 +44,6 @@ from ..packing import compact_batches, plan_compact, plan_ranges, warm_up_kernel
 from ..settings import WorkerSettings, add_flags, from_args
 
 logger = logging.getLogger(__name__)
-
-
-def window_examples(arrays: dict[str, np.ndarray]) -> Examples:
-    """The examples of one window's frames (validated by ``Examples``), with the
-    window's supervision mask when it has one (an empty ``mask`` frame: none)."""
-    return Examples(
-        tokens=arrays["tokens"],
-        offsets=arrays["offsets"],
-        doc=arrays["doc"],
-        start=arrays["start"],
-        stop=arrays["stop"],
-        source_id=arrays["source_id"],
-        example_id=arrays["example_id"],
-        mask=wire.mask_from_frames(arrays),
-    )
 
 
 def pack_config_from_wire(config: dict[str, Any]) -> PackConfig:
@@ -149,7 +133,7 @@ class Worker:
             binding = wire.binding_from_wire(fields["binding"])
             config = pack_config_from_wire(fields["config"])
             if fields["with_tokens"]:
-                examples = window_examples(arrays)
+                examples = wire.window_examples(arrays)
                 occurrences, sizes = plan_compact(examples, binding, config)
             else:
                 examples = None

@@ -293,3 +293,14 @@ def test_the_help_of_one_subcommand_works_without_the_others(tmp_path):
         timeout=120,
     )
     assert out.returncode == 2 and "invalid choice: 'no-such-command'" in out.stderr
+
+
+def test_the_digest_oracle_does_not_import_what_it_checks():
+    """``digest`` computes in process the stream the service must deliver: it shares
+    the tail rule (``delivery.rank_share``) but none of the worker's or the producer's
+    code, so a bug there cannot hide by being computed twice."""
+    path = LIBRARY / "service" / "digest.py"
+    service = {name for _, name, _ in _imported("streampack.service.digest", path)} & {
+        n for n in NAMES if n.startswith("streampack.service.")
+    }
+    assert service <= {"streampack.service.delivery"}

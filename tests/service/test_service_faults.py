@@ -169,7 +169,8 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
     next-fit are refused with an error reply and counted, the window goes to another
     worker, and the consumer receives exactly the stream of an undisturbed run."""
     from streampack.packing import plan_compact, warm_up_kernels
-    from streampack.service.worker import pack_config_from_wire, window_examples
+    from streampack.service.worker import pack_config_from_wire
+    from streampack.wire import window_examples
 
     warm_up_kernels()  # the rogue never heartbeats: let it answer quickly
     with Service(FIXTURE, heartbeat_timeout=30.0) as service:
@@ -240,7 +241,8 @@ def test_a_worker_rejects_malformed_windows_and_keeps_packing():
     """Property 6 for the worker's socket: this test plays the producer. A window sent
     without its tokens is planned from its ranges exactly as ``plan_compact`` plans it."""
     from streampack.packing import plan_compact
-    from streampack.service.worker import pack_config_from_wire, window_examples
+    from streampack.service.worker import pack_config_from_wire
+    from streampack.wire import window_examples
 
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)

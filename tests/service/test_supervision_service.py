@@ -21,8 +21,8 @@ from _service import FIXTURE, SMALL, Service, drain_ranks, expected, start, stre
 from streampack import Examples, PackConfig, pack_examples, wire
 from streampack.corpus import open_corpus
 from streampack.service.plan_check import contract_plan, plan_batches
-from streampack.service.worker import window_examples
 from streampack.windows import CutSpec, Window, iter_windows
+from streampack.wire import window_examples
 
 BINDING = wire.binding_from_wire(
     {"vocab_size": 512, "tokenizer": "t", "split_receipt": "r", "partition": "train"}

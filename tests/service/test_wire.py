@@ -445,8 +445,8 @@ def test_a_malformed_mask_frame_is_refused_like_any_malformed_message(mask, code
 
 
 def test_a_window_carries_its_mask_to_a_worker_that_needs_tokens_only():
-    from streampack.service.worker import window_examples
     from streampack.windows import Window
+    from streampack.wire import window_examples
 
     examples = Examples.from_documents(WORKED, masks=WORKED_MASKS)
     window = Window(
