@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 
 import streampack as sp
-from streampack.audit import audit, select_examples
+from streampack.auditing import audit, select_examples
 from streampack.decoder import DecoderConfig
 
 CAPACITY, ROWS_PER_BATCH = 2048, 16

@@ -33,7 +33,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .audit import AuditReport, audit
+    from .auditing import AuditReport, audit
     from .batch import NO_SEGMENT, OCCURRENCE_DTYPE, PAD_CELL, CompactBatch, CuSeqlens, PackedBatch
     from .client import BatchStream
     from .decoder import Decoder, DecoderConfig
@@ -51,8 +51,8 @@ if TYPE_CHECKING:
 
 # Public name -> the module (relative to this package) that defines it.
 _LAZY: dict[str, str] = {
-    "AuditReport": ".audit",
-    "audit": ".audit",
+    "AuditReport": ".auditing",
+    "audit": ".auditing",
     "NO_SEGMENT": ".batch",
     "OCCURRENCE_DTYPE": ".batch",
     "PAD_CELL": ".batch",
@@ -89,23 +89,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
-
-
-class _Package(types.ModuleType):
-    """This package's module type: ``streampack.audit`` is the function.
-
-    ``audit`` names both a submodule and the function it defines. Importing the
-    submodule sets it as an attribute of this package; the function keeps the name, as
-    it did when this package imported it eagerly (``streampack.audit(...)`` works
-    whatever was imported before)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "audit" and isinstance(value, types.ModuleType):
-            value = value.audit
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

@@ -39,7 +39,7 @@ the backward pass is written out below, layer by layer, and checked against fini
 differences in the tests.
 
 Besides the public methods (``forward_*``, ``loss_and_grad_*``), the module has an
-internal API that ``streampack.audit`` and the isolation tests build on, and that
+internal API that ``streampack.auditing`` and the isolation tests build on, and that
 this module owns: ``Cells`` (the layout every execution mode reduces to), the
 ``Decoder.cells_*`` builders, ``Decoder.evaluate``, ``Decoder.loss_and_logits``,
 ``Decoder.loss_and_backward`` (the full ``Trace``/``Backward`` record) and

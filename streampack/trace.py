@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .audit import compare_executions
+from .auditing import compare_executions
 from .batch import PackedBatch
 from .config import PackConfig
 from .decoder import Decoder, DecoderConfig

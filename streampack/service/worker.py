@@ -96,7 +96,7 @@ class Worker:
             self.metrics = WorkerMetrics(self.counters)
         if settings.audit_every:
             # Imported only by workers that audit: the decoder is not needed to pack.
-            from ..audit import audit
+            from ..auditing import audit
 
             self._audit_fn = audit
 

@@ -10,7 +10,7 @@ import pytest
 from _decoder_cases import BINDING, worked_example
 
 import streampack as sp
-from streampack.audit import AuditReport, audit
+from streampack.auditing import AuditReport, audit
 from streampack.decoder import DecoderConfig
 
 
@@ -209,7 +209,7 @@ def test_a_masked_batch_with_long_occurrences_is_audited_on_the_marked_prefix():
 
 
 def test_the_equivalence_suite_scores_only_the_marked_targets_of_a_masked_batch_c5():
-    from streampack.audit import compare_executions
+    from streampack.auditing import compare_executions
     from streampack.decoder import Decoder
 
     examples, batch = _masked_worked()

@@ -27,7 +27,7 @@ prepare_simulator()
 import numpy as np
 import streampack as sp
 from _decoder_cases import random_case, worked_example
-from streampack.audit import _max_diff_and_failures, audit
+from streampack.auditing import _max_diff_and_failures, audit
 from streampack.decoder import Decoder, DecoderConfig
 
 config = DecoderConfig.small()

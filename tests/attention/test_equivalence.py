@@ -20,7 +20,7 @@ from _decoder_cases import (
 )
 
 import streampack as sp
-from streampack.audit import compare_executions
+from streampack.auditing import compare_executions
 from streampack.decoder import Decoder
 from streampack.trace import decoder_trace
 

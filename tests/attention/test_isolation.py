@@ -28,7 +28,7 @@ from _decoder_cases import (
 )
 
 import streampack as sp
-from streampack.audit import _max_diff_and_failures
+from streampack.auditing import _max_diff_and_failures
 
 NOT_B = A_COLUMNS + ROW0_PADDING
 

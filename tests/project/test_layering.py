@@ -66,7 +66,7 @@ def test_the_client_side_loads_no_numba_decoder_audit_packer_or_service(module):
     assert not _heavy(loaded)
     forbidden = {
         "streampack.decoder",
-        "streampack.audit",
+        "streampack.auditing",
         "streampack.packing",
         "streampack.kernels",
         "streampack.trace",
@@ -80,16 +80,16 @@ def test_a_lazy_public_name_loads_its_module_on_first_use():
         "import streampack as sp\nassert 'streampack.packing' not in sys.modules\n"
         "sp.pack_examples\nassert callable(sp.audit)"
     )
-    assert {"streampack.packing", "streampack.audit", "numba"} <= loaded
+    assert {"streampack.packing", "streampack.auditing", "numba"} <= loaded
     assert not {m for m in loaded if m.startswith("streampack.service")}
 
 
 def test_every_public_name_resolves_and_audit_stays_the_function():
     _loaded_after(
-        "import streampack as sp, streampack.audit\n"
+        "import streampack as sp, streampack.auditing\n"
         "missing = [n for n in sp.__all__ if not hasattr(sp, n)]\n"
         "assert not missing, missing\n"
-        "assert callable(sp.audit) and sp.audit.__module__ == 'streampack.audit'\n"
+        "assert callable(sp.audit) and sp.audit.__module__ == 'streampack.auditing'\n"
         "assert set(sp.__all__) <= set(dir(sp))"
     )
 
@@ -159,7 +159,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("kernels", ["kernels"]),
     ("data model", ["examples", "batch", "exports", "loss", "settings"]),
     ("references", ["reference"]),
-    ("library operations", ["packing", "decoder", "audit", "trace", "render"]),
+    ("library operations", ["packing", "decoder", "auditing", "trace", "render"]),
     ("transport", ["wire", "client", "client_metrics"]),
     ("data in", ["corpus", "windows"]),
     ("service", ["service"]),
