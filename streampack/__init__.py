@@ -9,8 +9,6 @@ before; ``__all__`` lists every public name.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 # The errors and the config have no dependencies: loaded eagerly.
