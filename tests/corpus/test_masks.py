@@ -83,7 +83,8 @@ def test_the_mask_changes_no_other_field_of_a_window(tmp_path, fmt):
     for a, b in zip(masked, plain, strict=True):
         assert b.mask is None and a.mask is not None
         for name, value in a.arrays().items():
-            assert np.array_equal(value, b.arrays()[name]), name
+            if name != "mask":  # the wire frame that carries the mask itself
+                assert np.array_equal(value, b.arrays()[name]), name
         assert a.nbytes == b.nbytes + len(a.tokens)  # one byte per token
 
 
@@ -451,6 +452,9 @@ def windows_digest(path, spec, allow_outside=False):
         fields = [w.epoch, w.index, w.documents, w.documents_split, w.pairs_cut, w.quarantined]
         h.update(json.dumps(fields, sort_keys=True).encode())
         for name, a in w.arrays().items():
+            if name == "mask":  # the mask's wire frame, empty here; it came after the pin
+                assert a.size == 0
+                continue
             h.update(name.encode() + str(a.dtype).encode() + a.tobytes())
         h.update(w.source_index.tobytes())
     return h.hexdigest()

@@ -15,7 +15,7 @@ from _harness import Harness
 from _service import FIXTURE, expected
 
 from streampack import wire
-from streampack.errors import ProtocolError
+from streampack.errors import InternalError, ProtocolError
 from streampack.service.counters import ProducerCounters
 from streampack.service.delivery import MAX_PENDING, MAX_PENDING_PER_CONSUMER, rank_share
 from streampack.service.registry import MAX_CREDIT, MAX_LOSSES
@@ -396,7 +396,7 @@ def test_counters_refuse_what_a_peer_reports_out_of_range():
             counters.add_reported("audited", value, 1 << 31)
     counters.add_reported("audited", 7, 1 << 31)
     assert counters.as_dict()["audited"] == 7
-    with pytest.raises(ValueError):
+    with pytest.raises(InternalError, match="cannot decrease"):
         counters.add("audited", -1)
 
 
