@@ -14,6 +14,7 @@ other values, is quarantined (``mask_length``, ``mask_values``, ``labels_mismatc
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +24,8 @@ import numpy as np
 
 from streampack.corpus.files import regular_file
 from streampack.corpus.masks import MaskSpec, labels_to_mask, mask_spec
-from streampack.corpus.reader import BindingSpec, Record, SingleSource
-from streampack.errors import InvalidConfig
+from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
+from streampack.errors import InternalError, InvalidConfig
 
 
 class JsonlSource(SingleSource):
@@ -57,6 +58,15 @@ class JsonlSource(SingleSource):
                 for line_number, line in enumerate(handle, start=1):
                     yield parse_line(line, source_id, f"{path.name}:{line_number}", self.spec)
                     source_id += 1
+
+    def blocks(self) -> Iterator[Block]:
+        """The records in blocks of 1024 lines (with their locations)."""
+        records = self.records()
+        while chunk := list(itertools.islice(records, 1024)):
+            yield Block.from_records(chunk, self.masked)
+
+    def location(self, source_id: int) -> str:
+        raise InternalError("JSON Lines blocks carry their locations (a bug)")
 
 
 def _first_fields(paths: list[Path]) -> list[str]:
