@@ -13,9 +13,11 @@ a row group at a time.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from queue import Full, Queue
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +26,51 @@ from streampack.corpus.files import regular_file
 from streampack.corpus.masks import labels_to_mask, mask_spec
 from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
 from streampack.errors import InvalidConfig
+
+READ_AHEAD = 1  # row groups decoded ahead of the one being cut
+_T = TypeVar("_T")
+
+
+def read_ahead(items: Iterator[_T], depth: int) -> Iterator[_T]:
+    """``items``, produced on a background thread at most ``depth`` ahead of the
+    consumer (memory: ``depth`` items queued, one being made, one being used). An
+    exception on the thread is raised here, as it would have been; closing this
+    iterator stops the thread after the item it is making."""
+    queue: Queue[tuple[BaseException | None, Any]] = Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(entry: tuple[BaseException | None, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                queue.put(entry, timeout=0.05)
+                return True
+            except Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put((None, item)):
+                    return
+            put((None, done))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put((exc, None))
+
+    thread = threading.Thread(target=run, name="streampack-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            error, item = queue.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _open(pq: Any, pa: Any, path: Path) -> Any:
@@ -94,7 +141,12 @@ class ParquetSource(SingleSource):
     def blocks(self) -> Iterator[Block]:
         """One block per row group, decoded columnar: the list column's offsets and
         values as NumPy (zero-copy where pyarrow allows), nulls from the validity
-        bitmaps, no Python object per document."""
+        bitmaps, no Python object per document. Decoded on a background thread
+        (pyarrow and NumPy release the GIL) at most ``READ_AHEAD`` row groups ahead of
+        the cut."""
+        return read_ahead(self._decoded(), READ_AHEAD)
+
+    def _decoded(self) -> Iterator[Block]:
         pa = import_pyarrow("Parquet files")
         import pyarrow.parquet as pq
 
@@ -104,7 +156,8 @@ class ParquetSource(SingleSource):
             handle = _open(pq, pa, path)
             for group in range(handle.num_row_groups):
                 try:
-                    table = handle.read_row_group(group, columns=columns)
+                    # One column or two: pyarrow's own threads cost more than they give.
+                    table = handle.read_row_group(group, columns=columns, use_threads=False)
                     lists, *mask_lists = (
                         chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
                         for chunked in table.columns
