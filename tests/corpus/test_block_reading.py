@@ -110,3 +110,123 @@ def test_read_ahead_stays_bounded_and_stops_when_closed():
     assert len(made) <= 4  # one used, two queued, one being made
     items.close()
     assert not [t for t in threading.enumerate() if t.name == "streampack-read-ahead"]
+
+
+def _lines(masked: str | None) -> list[str]:
+    """Lines of every shape: plain ones the compiled parser reads and every kind it
+    leaves to ``json`` (each bad one quarantined with its reason by parse_line)."""
+    import json
+
+    rng = np.random.default_rng(5)
+    out = []
+    for i in range(120):
+        doc = rng.integers(0, 512, int(rng.integers(2, 30))).tolist()
+        line: dict[str, object] = {"tokens": doc}
+        if i % 3 == 0:
+            line["id"] = 10_000 + i
+        if i % 5 == 0:
+            line["start"], line["stop"] = 1, len(doc) - 1
+        if masked == "mask":
+            line["mask"] = [0] + [1] * (len(doc) - 1)
+        elif masked == "labels":
+            line["labels"] = [-100] + doc[1:]
+        out.append(json.dumps(line, separators=(",", ":") if i % 2 else (", ", ": ")))
+    extra = "" if masked is None else f', "{masked}": [1, 1, 1]'
+    out[3:3] = [
+        '{"tokens": [1, 2, 3]' + extra + "}",
+        '  {  "tokens" :[ 1 ,2,  3 ]\t' + extra + " }  ",
+        '{"tokens": [-0, 5, 6]' + extra + "}",
+        '{"tokens": [1, 2, 123456789012345678]' + extra + "}",
+        '{"tokens": [1, 2, 1234567890123456789]' + extra + "}",
+        '{"tokens": [1, 2, 12345678901234567890123]' + extra + "}",
+        '{"tokens": [1, 2.0, 3]' + extra + "}",
+        '{"tokens": [1, 2e0, 3]' + extra + "}",
+        '{"tokens": [1, true, 3]' + extra + "}",
+        '{"tokens": [1, null, 3]' + extra + "}",
+        '{"tokens": [01, 2, 3]' + extra + "}",
+        '{"tokens": [1, 2, 3,]' + extra + "}",
+        '{"tokens": []' + extra + "}",
+        '{"tokens": [1, 2, 3], "tokens": [4, 5, 6]' + extra + "}",
+        '{"tokens": [1, 2, 3], "text": "a \\u00e9 b"' + extra + "}",
+        '{"tokens": [1, 2, 3], "meta": {"a": [1]}' + extra + "}",
+        '{"tokens": [1, 2, 3]' + extra + '} {"tokens": [4, 5]}',
+        '{"tokens": [1, 2, 3]' + extra + "} x",
+        '\ufeff{"tokens": [1, 2, 3]' + extra + "}",
+        '{"tokens": [1, 2, 3], "id": null' + extra + "}",
+        '{"tokens": [1, 2, 3], "id": 9223372036854775808' + extra + "}",
+        '{"tokens": [1, 2, 3], "id": true' + extra + "}",
+        '{"tokens": [1, 2, 3], "start": 2, "stop": 1' + extra + "}",
+        '{"tokens": [1, 2, 3], "stop": 4' + extra + "}",
+        '{"tokens": [1, 2, 3], "start": -1' + extra + "}",
+        '{"\\u0074okens": [1, 2, 3]' + extra + "}",
+        '{"Tokens": [1, 2, 3]' + extra + "}",
+        '{"tokens": [1, 2, 3], "x": ' + "[" * 5000 + "]" * 5000 + extra + "}",
+        "[" * 5000,
+        "[1, 2, 3]",
+        "7",
+        "{}",
+        '{"tokens": "1 2 3"' + extra + "}",
+        '{"tokens": [1, 2, 3]',
+        "\x0b",
+        "\x0c {",
+    ]
+    if masked is not None:
+        out[40:40] = [
+            '{"tokens": [1, 2, 3]}',
+            f'{{"tokens": [1, 2, 3], "{masked}": [1, 1]}}',
+            f'{{"tokens": [1, 2, 3], "{masked}": [1, 2, 1]}}',
+            f'{{"tokens": [1, 2, 3], "{masked}": [true, false, true]}}',
+            f'{{"tokens": [1, 2, 3], "{masked}": null}}',
+            f'{{"tokens": [1, 2, 3], "{masked}": [-100, 7, 3]}}',
+            f'{{"tokens": [1, 2, 3], "{masked}": [0, 0, 0]}}',
+        ]
+    return out
+
+
+@pytest.mark.parametrize("masked", [None, "mask", "labels"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_compiled_json_lines_read_as_json_reads_them(tmp_path, monkeypatch, masked, shuffle):
+    """Every line as parse_line (``json``) reads it: the same windows, byte for byte,
+    with the compiled parser and with every line left to ``json`` — bad lines keep
+    their reasons, details and line numbers, blank lines are skipped."""
+    from _formats import manifest
+    from test_stream_pins import window_digest
+
+    from streampack.corpus import open_corpus
+    from streampack.kernels import corpus_cpu
+    from streampack.windows import CutSpec, iter_windows
+
+    lines = _lines(masked)
+    lines[50:50] = ["", "  ", "\t"]
+    (tmp_path / "docs.jsonl").write_bytes(
+        "\n".join(lines).encode("utf-8", "surrogatepass") + b"\n\xff\xfe{}\n"
+    )
+    path = manifest(tmp_path, jsonl=["docs.jsonl"], **({} if masked is None else {masked: masked}))
+    spec = CutSpec(capacity=24, window_documents=17, window_tokens=200, shuffle=shuffle)
+    parse = corpus_cpu.parse_token_lines
+    accepted = []
+
+    def counted(*args):
+        parse(*args)
+        accepted.append(int(args[5].sum()))
+
+    monkeypatch.setattr(corpus_cpu, "parse_token_lines", counted)
+    compiled = window_digest(path, spec)
+    assert sum(accepted) >= 100  # the plain lines went the compiled way
+    reasons = {q["reason"] for w in iter_windows(open_corpus(path), 1, spec) for q in w.quarantined}
+    assert {"malformed", "bad_range", "wrong_dtype", "out_of_vocabulary"} <= reasons
+    monkeypatch.setattr(corpus_cpu, "parse_token_lines", lambda *args: None)
+    assert window_digest(path, spec) == compiled
+
+
+def test_blank_lines_are_what_bytes_strip_leaves_empty():
+    from streampack.corpus.jsonl import _line_bounds, _not_blank
+
+    rng = np.random.default_rng(6)
+    alphabet = np.frombuffer(b" \t\r\x0b\x0c\nab{", np.uint8)
+    chunk = rng.choice(alphabet, 4000, p=[0.3, 0.1, 0.1, 0.05, 0.05, 0.3, 0.03, 0.03, 0.04])
+    data = chunk.tobytes()
+    starts, ends = _line_bounds(data)
+    expected = [bool(data[lo:hi].strip()) for lo, hi in zip(starts, ends, strict=True)]
+    assert _not_blank(data, starts, ends).tolist() == expected
+    assert b"".join(data[lo:hi] for lo, hi in zip(starts, ends, strict=True)) == data
