@@ -26,6 +26,17 @@ def gather_ranges_into(values, starts, lengths, out):  # pragma: no cover - comp
 
 
 @njit(cache=True)
+def copy_ranges(values, starts, lengths, out, out_starts):  # pragma: no cover - compiled
+    """``out[out_starts[i]:][:lengths[i]] = values[starts[i]:][:lengths[i]]`` for each
+    i: the documents of one part of a corpus, each to its place in a window."""
+    for i in range(starts.shape[0]):
+        lo = starts[i]
+        at = out_starts[i]
+        for k in range(lengths[i]):
+            out[at + k] = values[lo + k]
+
+
+@njit(cache=True)
 def shuffle_buffer_steps(buffer, slots, incoming, emitted):  # pragma: no cover - compiled
     """A full shuffle buffer taking ``incoming[j]``: it emits the item in slot
     ``slots[j]`` (``emitted[j]``) and holds the new one there instead."""

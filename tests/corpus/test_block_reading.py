@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streampack.corpus.gather import gather_ranges
+from streampack.corpus.gather import copy_ranges, gather_ranges
 from streampack.corpus.order import buffered_shuffle, buffered_shuffle_blocks, epoch_rng
 from streampack.corpus.reader import Block
 from streampack.reference import corpus as reference
@@ -27,6 +27,14 @@ def test_gather_ranges_is_the_reference(tmp_path, dtype):
     assert out.tolist() == reference.gather_ranges(values.tolist(), starts, lengths)
     wide = gather_ranges(mapped, starts, lengths, np.int64)
     assert wide.dtype == np.int64 and wide.tolist() == [int(v) for v in out.tolist()]
+    # copy_ranges: the same ranges, each to its place in a shuffled window
+    order = rng.permutation(60)
+    places = np.empty(60, np.int64)
+    places[order] = np.cumsum(lengths[order]) - lengths[order]
+    window = np.full(int(lengths.sum()), 7, np.int32)
+    copy_ranges(mapped, starts, lengths, window, places)
+    expected = reference.gather_ranges(values.tolist(), starts[order], lengths[order])
+    assert window.tolist() == [int(v) for v in expected]
 
 
 def _block(first: int, lengths: list[int], problems: dict[int, tuple[str, str]]) -> Block:
