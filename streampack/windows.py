@@ -30,10 +30,18 @@ documents, why), :meth:`_Columns.keep`, :func:`_split_long`,
 :class:`streampack.Examples`, which a worker packs in one ``pack_examples`` call —
 which can therefore never fail on a document.
 
+A sequential reader hands the cut blocks (:class:`~streampack.corpus.reader.Block`: a
+row group, a few MB of lines): the cut is one cumulative sum per window over their
+lengths, and a shuffled epoch's buffer runs over block positions
+(:func:`~streampack.corpus.order.buffered_shuffle_blocks`), so no Python object is
+made per document. A mixture reads its documents one by one and cuts them in blocks
+of 1024.
+
 Memory: random-access readers are memory-mapped and only one window's tokens are
-gathered at a time; sequential readers stream. A shuffled random-access epoch holds its
-permutation (8 bytes per document); a shuffled sequential epoch holds
-``shuffle_buffer`` documents.
+gathered at a time; sequential readers stream a block at a time (Parquet decodes one
+row group ahead on a thread). A shuffled random-access epoch holds its permutation (8
+bytes per document); a shuffled sequential epoch holds ``shuffle_buffer`` documents
+and the block being shuffled.
 """
 
 from __future__ import annotations

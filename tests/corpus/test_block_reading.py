@@ -238,3 +238,36 @@ def test_blank_lines_are_what_bytes_strip_leaves_empty():
     expected = [bool(data[lo:hi].strip()) for lo, hi in zip(starts, ends, strict=True)]
     assert _not_blank(data, starts, ends).tolist() == expected
     assert b"".join(data[lo:hi] for lo, hi in zip(starts, ends, strict=True)) == data
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_parquet_holds_a_few_row_groups_not_the_file(tmp_path, shuffle):
+    """A Parquet file of 40 row groups (4 MB of tokens) read whole: NumPy's peak stays
+    a few row groups (read-ahead, the one being cut, the shuffle buffer's copy) and a
+    window, far below the file."""
+    import tracemalloc
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from _formats import manifest
+
+    from streampack.corpus import open_corpus
+    from streampack.windows import CutSpec, iter_windows
+
+    rows, per_row = 40 * 500, 50  # 20,000 documents of 50 int32 tokens: 4 MB
+    values = pa.array((np.arange(rows * per_row) % 500).astype(np.int32))
+    offsets = pa.array(np.arange(0, rows * per_row + 1, per_row, dtype=np.int32))
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(offsets, values)})
+    pq.write_table(table, tmp_path / "big.parquet", row_group_size=500)
+    path = manifest(tmp_path, parquet=["big.parquet"])
+    spec = CutSpec(
+        capacity=64, window_documents=64, window_tokens=4096, shuffle=shuffle, shuffle_buffer=256
+    )
+    next(iter_windows(open_corpus(path), 0, spec))  # imports and compilation first
+    group = 500 * per_row * 8  # one row group's tokens as int64, the widest copy made
+    tracemalloc.start()
+    documents = sum(w.documents for w in iter_windows(open_corpus(path), 0, spec))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert documents == rows
+    assert peak < 4 * group, peak  # the file is 40 row groups
