@@ -501,7 +501,7 @@ def _screen(
         documents=len(lengths),
         # Always a fresh array (never a read-only view of a memory map), in the dtype
         # tokens travel in: uint16 halves every byte moved when the vocabulary fits.
-        tokens=columns.tokens.astype(token_dtype(vocab_size)),
+        tokens=_own_tokens(columns.tokens, token_dtype(vocab_size)),
         offsets=offsets,
         start=columns.starts.astype(np.int64, copy=False),
         stop=columns.stops.astype(np.int64, copy=False),
@@ -518,6 +518,15 @@ def _screen(
         ranges_unsupervised=ranges_unsupervised,
         mask=None if columns.mask is None else _own_bytes(columns.mask),
     )
+
+
+def _own_tokens(tokens: np.ndarray, dtype: Any) -> np.ndarray:
+    """The window's tokens in ``dtype``, in an array of its own: one a reader or the
+    screen just built in that dtype (a shuffled window's gather) is kept rather than
+    copied again; a view (of a memory map, a block, a row group) is copied."""
+    if tokens.dtype == dtype and tokens.flags.owndata and tokens.flags.writeable:
+        return tokens
+    return tokens.astype(dtype)
 
 
 def _own_bytes(mask: np.ndarray) -> np.ndarray:

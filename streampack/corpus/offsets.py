@@ -140,7 +140,8 @@ class OffsetsReader(SingleSource):
         Returns ``(tokens, dtype_ok)``. A run of consecutive documents of one part (the
         common case) comes back as a read-only view of the memory map, in the part's
         dtype: the screen reads it and makes the window's own copy. Otherwise tokens
-        come back as int32 when every part involved holds a dtype that fits int32, as
+        come back in a fresh array: in the parts' dtype when they share one that fits
+        int32, else as int32 when every part involved holds a dtype that fits int32, as
         int64 otherwise (the vocabulary screen catches values out of range).
         ``dtype_ok[i]`` is False for documents of a part whose tokens are not integers;
         their tokens come back as zeros.
@@ -161,7 +162,14 @@ class OffsetsReader(SingleSource):
             s = int(involved[0])
             lo = int(self._offsets[s][int(ids[0] - self._first[s])])
             return self._tokens[s][lo : lo + total], dtype_ok
-        tokens = np.empty(total, dtype=np.int64 if wide else np.int32)
+        # The parts' own dtype when they share a narrow one (uint16 mostly): half the
+        # bytes of int32 to copy, and the screen keeps the array as the window's when
+        # it is the dtype tokens travel in.
+        shared = {np.dtype(self._tokens[s].dtype) for s in involved if self._dtype_ok[s]}
+        narrow = len(shared) == 1 and next(iter(shared)) in _NARROW
+        tokens = np.empty(
+            total, dtype=next(iter(shared)) if narrow else np.int64 if wide else np.int32
+        )
         if total == 0:
             return tokens, dtype_ok
         if (
