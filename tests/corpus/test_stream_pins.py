@@ -12,6 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _formats import (
     MASKED_WRITERS,
@@ -270,3 +271,19 @@ def digests(root: Path, case: str) -> tuple[str, str, str, str]:
 @pytest.mark.parametrize("case", _all_cases())
 def test_windows_are_byte_identical_across_formats(tmp_path, case):
     assert digests(tmp_path, case) == PINS[case]
+
+
+@pytest.mark.parametrize("case", ["parquet", "parquet_labels", "jsonl_mask", "parquet_nulls"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_resumed_sequential_epoch_is_the_tail_of_the_whole_one(tmp_path, case, shuffle):
+    """``start_window`` (a producer resuming): the blocks before it are cut and
+    shuffled but not screened, and the windows after it are those of the whole epoch."""
+    path = write_case(tmp_path, case)
+    spec = CutSpec(shuffle=shuffle, shuffle_buffer=50, **SPEC)
+    full = list(iter_windows(open_corpus(path), 1, spec))
+    tail = list(iter_windows(open_corpus(path), 1, spec, start_window=5))
+    assert len(full) > 8 and [w.index for w in tail] == [w.index for w in full[5:]]
+    for a, b in zip(full[5:], tail, strict=True):
+        assert a.quarantined == b.quarantined
+        for name, array in a.arrays().items():
+            np.testing.assert_array_equal(array, b.arrays()[name])
