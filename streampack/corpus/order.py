@@ -132,9 +132,9 @@ def buffered_shuffle_blocks(
         buffer = np.arange(size, dtype=np.int64)  # slot -> document of ``pool``
         emitted = np.empty(m, np.int64)
         shuffle_buffer_steps(buffer, slots, np.arange(size, size + m, dtype=np.int64), emitted)
-        pool = Block.concat([held, block])
-        yield pool.take(emitted)
-        held = pool.take(buffer)
+        # Taken from the buffer and the block as one, without joining them first.
+        yield Block.gather([held, block], emitted)
+        held = Block.gather([held, block], buffer)
     if held is None or not len(held):
         return
     n = len(held)

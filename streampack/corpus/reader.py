@@ -130,15 +130,20 @@ class Block:
             mask_lengths=mask_lengths,
         )
 
-    def take(self, index: np.ndarray) -> Block:
-        """Documents ``index`` (positions, int64) in that order: one gather per column."""
+    def take(self, index: np.ndarray, *, payload: bool = True) -> Block:
+        """Documents ``index`` (positions, int64) in that order: one gather per column
+        (without ``payload``, tokens and mask are left empty, for the caller to fill)."""
         from streampack.corpus.gather import gather_ranges
 
         index = np.asarray(index, np.int64)
         mask = mask_lengths = None
         if self.mask is not None and self.mask_lengths is not None:
             mask_lengths = self.mask_lengths[index]
-            mask = gather_ranges(self.mask, self.mask_offsets[index], mask_lengths)
+            mask = (
+                gather_ranges(self.mask, self.mask_offsets[index], mask_lengths)
+                if payload
+                else self.mask[:0]
+            )
         problems: dict[int, tuple[str, str]] = {}
         if self.problems:
             marked = np.fromiter(self.problems, np.int64, len(self.problems))
@@ -146,7 +151,11 @@ class Block:
                 problems[at] = self.problems[int(index[at])]
         lengths = self.lengths[index]
         return Block(
-            tokens=gather_ranges(self.tokens, self.offsets[index], lengths),
+            tokens=(
+                gather_ranges(self.tokens, self.offsets[index], lengths)
+                if payload
+                else self.tokens[:0]
+            ),
             lengths=lengths,
             starts=self.starts[index],
             stops=self.stops[index],
@@ -157,6 +166,46 @@ class Block:
             mask=mask,
             mask_lengths=mask_lengths,
         )
+
+    @staticmethod
+    def gather(blocks: list[Block], index: np.ndarray) -> Block:
+        """``Block.concat(blocks).take(index)`` without copying ``blocks`` into one
+        first: the per-document columns are joined (small), and each block's tokens and
+        mask are copied straight to their places (one compiled call per block)."""
+        from streampack.corpus.gather import copy_ranges
+
+        if len(blocks) == 1:
+            return blocks[0].take(index)
+        index = np.asarray(index, np.int64)
+        heads = [
+            dataclasses.replace(b, tokens=b.tokens[:0], mask=None if b.mask is None else b.mask[:0])
+            for b in blocks
+        ]
+        out = Block.concat(heads).take(index, payload=False)
+        first = np.cumsum([0] + [len(b) for b in blocks])
+        owner = np.searchsorted(first, index, side="right") - 1
+        local = index - first[owner]
+        tokens = np.empty(int(out.lengths.sum()), out.tokens.dtype)
+        mask = None
+        if out.mask is not None and out.mask_lengths is not None:
+            mask = np.empty(int(out.mask_lengths.sum()), out.mask.dtype)
+        for k, block in enumerate(blocks):
+            sel = np.flatnonzero(owner == k)
+            mine = local[sel]
+            copy_ranges(
+                block.tokens, block.offsets[mine], out.lengths[sel], tokens, out.offsets[sel]
+            )
+            if mask is not None and block.mask is not None and block.mask_lengths is not None:
+                assert out.mask_lengths is not None
+                copy_ranges(
+                    block.mask,
+                    block.mask_offsets[mine],
+                    out.mask_lengths[sel],
+                    mask,
+                    out.mask_offsets[sel],
+                )
+        out.tokens, out.mask = tokens, mask
+        return out
 
     @staticmethod
     def concat(blocks: list[Block]) -> Block:

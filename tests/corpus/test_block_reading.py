@@ -263,7 +263,8 @@ def test_parquet_holds_a_few_row_groups_not_the_file(tmp_path, shuffle):
     spec = CutSpec(
         capacity=64, window_documents=64, window_tokens=4096, shuffle=shuffle, shuffle_buffer=256
     )
-    next(iter_windows(open_corpus(path), 0, spec))  # imports and compilation first
+    for _ in iter_windows(open_corpus(path), 0, spec):  # imports and compilation first
+        pass
     group = 500 * per_row * 8  # one row group's tokens as int64, the widest copy made
     tracemalloc.start()
     documents = sum(w.documents for w in iter_windows(open_corpus(path), 0, spec))
