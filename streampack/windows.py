@@ -30,26 +30,41 @@ documents, why), :meth:`_Columns.keep`, :func:`_split_long`,
 :class:`streampack.Examples`, which a worker packs in one ``pack_examples`` call —
 which can therefore never fail on a document.
 
+A sequential reader hands the cut blocks (:class:`~streampack.corpus.reader.Block`: a
+row group, a few MB of lines): the cut is one cumulative sum per window over their
+lengths, and a shuffled epoch's buffer runs over block positions
+(:func:`~streampack.corpus.order.buffered_shuffle_blocks`), so no Python object is
+made per document. A mixture reads its documents one by one and cuts them in blocks
+of 1024.
+
 Memory: random-access readers are memory-mapped and only one window's tokens are
-gathered at a time; sequential readers stream. A shuffled random-access epoch holds its
-permutation (8 bytes per document); a shuffled sequential epoch holds
-``shuffle_buffer`` documents.
+gathered at a time; sequential readers stream a block at a time (Parquet decodes one
+row group ahead on a thread). A shuffled random-access epoch holds its permutation (8
+bytes per document); a shuffled sequential epoch holds ``shuffle_buffer`` documents
+and the block being shuffled.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from streampack.corpus.long_documents import split_ranges
 from streampack.corpus.mixture import MixtureReader
-from streampack.corpus.order import MixtureOrder, buffered_shuffle, corpus_permutation, epoch_rng
+from streampack.corpus.order import (
+    MixtureOrder,
+    buffered_shuffle_blocks,
+    corpus_permutation,
+    epoch_rng,
+)
 from streampack.corpus.reader import (
     WRONG_DTYPE_DETAIL,
+    Block,
     RandomAccessReader,
     Reader,
     Record,
@@ -311,87 +326,82 @@ def _random_access_windows(
         index += 1
 
 
-def _shuffled(records: Iterator[Record], spec: CutSpec, epoch: int) -> Iterator[Record]:
-    """A bounded shuffle buffer: emit a uniformly chosen held record per new record."""
-    return buffered_shuffle(records, spec.shuffle_buffer, epoch_rng(spec.seed, epoch))
-
-
 def _sequential_windows(
     source: SequentialReader, epoch: int, spec: CutSpec, start_window: int
 ) -> Iterator[Window]:
     if isinstance(source, MixtureReader):  # each source shuffles itself, seeded apart
         records = source.epoch_records(epoch, spec.shuffle, spec.seed, spec.shuffle_buffer)
+        blocks = _record_blocks(records, source.masked)
     else:
-        records = source.records()
+        blocks = source.blocks()
         if spec.shuffle:
-            records = _shuffled(records, spec, epoch)
-    index = 0
-    held: list[Record] = []
-    held_tokens = 0
-
-    def flush() -> Window | None:
+            rng = epoch_rng(spec.seed, epoch)
+            blocks = buffered_shuffle_blocks(blocks, spec.shuffle_buffer, rng)
+    for index, pieces in enumerate(_cut_blocks(blocks, spec)):
         if index < start_window:
-            return None
-        lengths = np.array([0 if r.tokens is None else len(r.tokens) for r in held], dtype=np.int64)
-        tokens = np.concatenate(
-            [r.tokens for r in held if r.tokens is not None] or [np.zeros(0, np.int64)]
-        )
-        by_id = {r.source_id: r.location for r in held}
-        source_ids = np.array([r.source_id for r in held], dtype=np.int64)
+            continue
+        block = Block.concat(pieces)
+        locate: Callable[[int], str] = source.location
+        if block.locations is not None:
+            locate = dict(zip(block.source_ids.tolist(), block.locations.tolist())).__getitem__
         masks: dict[str, Any] = {}
-        if source.masked:  # a document without one (an unmasked source's) is all ones
-            stored = [
-                (r.mask if r.mask is not None else np.ones(len(r.tokens), np.uint8))
-                for r in held
-                if r.tokens is not None
-            ]
-            masks = {
-                "mask": np.concatenate(stored) if stored else np.zeros(0, np.uint8),
-                "mask_lengths": np.array(
-                    [
-                        0 if r.tokens is None else len(r.tokens if r.mask is None else r.mask)
-                        for r in held
-                    ],
-                    dtype=np.int64,
-                ),
-            }
-        return _screen(
+        if source.masked:
+            masks = {"mask": block.mask, "mask_lengths": block.mask_lengths}
+        yield _screen(
             epoch,
             index,
             source.binding.vocab_size,
             spec.capacity,
-            tokens,
-            lengths,
-            starts=np.array([r.start for r in held], dtype=np.int64),
-            stops=np.array([r.stop for r in held], dtype=np.int64),
-            source_ids=source_ids,
-            example_ids=np.array([r.example_id for r in held], dtype=np.int64),
-            premarked=[(i, r.reason, r.detail) for i, r in enumerate(held) if r.reason is not None],
-            locate=by_id.__getitem__,
+            block.tokens,
+            block.lengths,
+            starts=block.starts,
+            stops=block.stops,
+            source_ids=block.source_ids,
+            example_ids=block.example_ids,
+            premarked=[(i, *block.problems[i]) for i in sorted(block.problems)],
+            locate=locate,
             **masks,
-            **_mixture_fields(source, source_ids),
+            **_mixture_fields(source, block.source_ids),
         )
 
-    for record in records:
-        size = 0 if record.tokens is None else len(record.tokens)
-        if held and held_tokens + size > spec.window_tokens:
-            window = flush()
-            if window is not None:
-                yield window
-            index += 1
-            held, held_tokens = [], 0
-        held.append(record)
-        held_tokens += size
-        if len(held) == spec.window_documents:
-            window = flush()
-            if window is not None:
-                yield window
-            index += 1
-            held, held_tokens = [], 0
+
+def _record_blocks(records: Iterator[Record], masked: bool, size: int = 1024) -> Iterator[Block]:
+    """Records (a mixture's, read one by one) in blocks of ``size``."""
+    while chunk := list(itertools.islice(records, size)):
+        yield Block.from_records(chunk, masked)
+
+
+def _cut_blocks(blocks: Iterator[Block], spec: CutSpec) -> Iterator[list[Block]]:
+    """The greedy cut (module doc) over consecutive blocks: each window as the pieces of
+    blocks it takes. Per window, one cumulative sum over at most ``window_documents``
+    lengths: the first document that would take the window past ``window_tokens``
+    starts the next one (a window's first document always fits), and a window closes at
+    ``window_documents``."""
+    held: list[Block] = []
+    held_documents = held_tokens = 0
+    for block in blocks:
+        p, n = 0, len(block)
+        while p < n:
+            room = spec.window_documents - held_documents
+            stop = min(n, p + room)
+            cumulative = held_tokens + np.cumsum(block.lengths[p:stop])
+            j = int(np.searchsorted(cumulative, spec.window_tokens, side="right"))
+            if held_documents == 0:
+                j = max(j, 1)
+            if j < stop - p:  # document p + j would pass window_tokens: close before it
+                take, close = j, True
+            else:
+                take, close = stop - p, stop - p == room
+            if take:
+                held.append(block.slice(p, p + take))
+                held_documents += take
+                held_tokens = int(cumulative[take - 1])
+            p += take
+            if close:
+                yield held
+                held, held_documents, held_tokens = [], 0, 0
     if held:
-        window = flush()
-        if window is not None:
-            yield window
+        yield held
 
 
 def _mixture_fields(source: Reader, ids: np.ndarray) -> dict[str, Any]:
@@ -531,7 +541,7 @@ def _screen(
         documents=len(lengths),
         # Always a fresh array (never a read-only view of a memory map), in the dtype
         # tokens travel in: uint16 halves every byte moved when the vocabulary fits.
-        tokens=columns.tokens.astype(token_dtype(vocab_size)),
+        tokens=_own_tokens(columns.tokens, token_dtype(vocab_size)),
         offsets=offsets,
         start=columns.starts.astype(np.int64, copy=False),
         stop=columns.stops.astype(np.int64, copy=False),
@@ -548,6 +558,15 @@ def _screen(
         ranges_unsupervised=ranges_unsupervised,
         mask=None if columns.mask is None else _own_bytes(columns.mask),
     )
+
+
+def _own_tokens(tokens: np.ndarray, dtype: Any) -> np.ndarray:
+    """The window's tokens in ``dtype``, in an array of its own: one a reader or the
+    screen just built in that dtype (a shuffled window's gather) is kept rather than
+    copied again; a view (of a memory map, a block, a row group) is copied."""
+    if tokens.dtype == dtype and tokens.flags.owndata and tokens.flags.writeable:
+        return tokens
+    return tokens.astype(dtype)
 
 
 def _own_bytes(mask: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from streampack.corpus.gather import copy_ranges
 from streampack.corpus.masks import labels_to_mask
 from streampack.corpus.reader import BindingSpec, SingleSource
 from streampack.errors import InternalError, InvalidConfig
@@ -98,6 +99,16 @@ class OffsetsReader(SingleSource):
             return part[:1]
         return np.unique(part)
 
+    def _by_part(self, part: np.ndarray, involved: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``(part, positions of its documents)`` for each part in ``involved``: one
+        stable sort, not a pass over ``part`` per part (Arrow files hold a part per
+        1000 rows)."""
+        if len(involved) == 1:
+            return [(int(involved[0]), np.arange(len(part)))]
+        order = np.argsort(part, kind="stable")
+        bounds = np.searchsorted(part[order], np.append(involved, involved[-1] + 1))
+        return [(int(s), order[bounds[k] : bounds[k + 1]]) for k, s in enumerate(involved.tolist())]
+
     def lengths(self, ids: np.ndarray) -> np.ndarray:
         """Token counts of documents ``ids`` (corpus positions)."""
         out = np.empty(len(ids), dtype=np.int64)
@@ -129,7 +140,8 @@ class OffsetsReader(SingleSource):
         Returns ``(tokens, dtype_ok)``. A run of consecutive documents of one part (the
         common case) comes back as a read-only view of the memory map, in the part's
         dtype: the screen reads it and makes the window's own copy. Otherwise tokens
-        come back as int32 when every part involved holds a dtype that fits int32, as
+        come back in a fresh array: in the parts' dtype when they share one that fits
+        int32, else as int32 when every part involved holds a dtype that fits int32, as
         int64 otherwise (the vocabulary screen catches values out of range).
         ``dtype_ok[i]`` is False for documents of a part whose tokens are not integers;
         their tokens come back as zeros.
@@ -150,7 +162,14 @@ class OffsetsReader(SingleSource):
             s = int(involved[0])
             lo = int(self._offsets[s][int(ids[0] - self._first[s])])
             return self._tokens[s][lo : lo + total], dtype_ok
-        tokens = np.empty(total, dtype=np.int64 if wide else np.int32)
+        # The parts' own dtype when they share a narrow one (uint16 mostly): half the
+        # bytes of int32 to copy, and the screen keeps the array as the window's when
+        # it is the dtype tokens travel in.
+        shared = {np.dtype(self._tokens[s].dtype) for s in involved if self._dtype_ok[s]}
+        narrow = len(shared) == 1 and next(iter(shared)) in _NARROW
+        tokens = np.empty(
+            total, dtype=next(iter(shared)) if narrow else np.int64 if wide else np.int32
+        )
         if total == 0:
             return tokens, dtype_ok
         if (
@@ -170,23 +189,19 @@ class OffsetsReader(SingleSource):
                 tokens[at : at + hi - lo] = self._tokens[s][lo:hi]
                 at += hi - lo
             return tokens, dtype_ok
-        out_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        for s in involved:
-            sel = np.flatnonzero(part == s)
-            lens = lengths[sel]
-            n = int(lens.sum())
-            if n == 0:
-                continue
-            before = np.cumsum(np.concatenate([[0], lens[:-1]]))
-            dst_index = np.repeat(out_starts[sel] - before, lens) + np.arange(n)
+        # Documents from all over the parts (a shuffled window): each part's ranges
+        # copied to their places in one compiled call, not two index arrays of the
+        # window's size and a fancy index.
+        out_starts = np.cumsum(lengths) - lengths
+        for s, sel in self._by_part(part, involved):
             if not self._dtype_ok[s]:
                 dtype_ok[sel] = False
-                tokens[dst_index] = 0
+                for lo, n in zip(out_starts[sel].tolist(), lengths[sel].tolist(), strict=True):
+                    tokens[lo : lo + n] = 0
                 continue
             local = ids[sel] - self._first[s]
-            src_starts = np.asarray(self._offsets[s][local])
-            src_index = np.repeat(src_starts - before, lens) + np.arange(n)
-            tokens[dst_index] = self._tokens[s][src_index]
+            src_starts = np.asarray(self._offsets[s][local], np.int64)
+            copy_ranges(self._tokens[s], src_starts, lengths[sel], tokens, out_starts[sel])
         return tokens, dtype_ok
 
     def gather_mask(
@@ -218,24 +233,26 @@ class OffsetsReader(SingleSource):
                 slices.append(self.parts[s].mask[int(bounds[0]) : int(bounds[-1])])
             mask = slices[0] if len(slices) == 1 else np.concatenate(slices)
         else:
-            pieces = []
-            for s in involved:
-                sel = np.flatnonzero(part == s)
+            # Documents from all over the parts: their masks' ranges, then one
+            # compiled copy per part to their places (a _Bools mask reads its own).
+            where = []
+            for s, sel in self._by_part(part, self._parts_of(part)):
                 local = ids[sel] - self._first[s]
                 starts = np.asarray(mask_offsets(s)[local], np.int64)
-                lens = np.asarray(mask_offsets(s)[local + 1], np.int64) - starts
-                mask_lengths[sel] = lens
-                before = np.cumsum(lens) - lens
-                index = np.repeat(starts - before, lens) + np.arange(int(lens.sum()))
-                pieces.append((sel, np.asarray(self.parts[s].mask[index])))
-            dtypes = [values.dtype for _, values in pieces]
+                mask_lengths[sel] = np.asarray(mask_offsets(s)[local + 1], np.int64) - starts
+                where.append((s, sel, starts))
+            dtypes = [np.dtype(self.parts[s].mask.dtype) for s, _, _ in where]
             mask = np.empty(int(mask_lengths.sum()), np.result_type(*dtypes) if dtypes else bool)
             out_starts = np.cumsum(mask_lengths) - mask_lengths
-            for sel, values in pieces:
-                lens = mask_lengths[sel]
+            for s, sel, starts in where:
+                stored, lens = self.parts[s].mask, mask_lengths[sel]
+                if isinstance(stored, np.ndarray):
+                    copy_ranges(stored, starts, lens, mask, out_starts[sel])
+                    continue
                 before = np.cumsum(lens) - lens
+                index = np.repeat(starts - before, lens) + np.arange(int(lens.sum()))
                 mask[np.repeat(out_starts[sel] - before, lens) + np.arange(int(lens.sum()))] = (
-                    values
+                    np.asarray(stored[index])
                 )
         if self.mask_kind == "labels":
             mask, problems = labels_to_mask(tokens, lengths, mask, mask_lengths)

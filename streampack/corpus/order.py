@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from streampack.corpus.reader import Block
 from streampack.corpus.schedule import Schedule
 
 
@@ -100,3 +101,45 @@ def buffered_shuffle(items: Iterator[Any], size: int, rng: np.random.Generator) 
         slot = int(rng.integers(len(buffer)))
         buffer[slot], buffer[-1] = buffer[-1], buffer[slot]
         yield buffer.pop()
+
+
+def buffered_shuffle_blocks(
+    blocks: Iterator[Block], size: int, rng: np.random.Generator
+) -> Iterator[Block]:
+    """:func:`buffered_shuffle` over the documents of ``blocks``: the same documents in
+    the same order (the same draws from ``rng``), a block at a time.
+
+    The buffer is a block of its held documents, slot ``i`` its document ``i``. Each
+    incoming block first fills it; every further document draws the slot it replaces
+    (one ``rng.integers(size, size=m)`` call gives the draws one call per document
+    would), the emitted documents leave as one block and the held ones are gathered
+    into the next buffer — so memory is the buffer, one block and what was emitted,
+    never the blocks a long-held document came from."""
+    from streampack.kernels.corpus_cpu import shuffle_buffer_drain, shuffle_buffer_steps
+
+    held: Block | None = None
+    for block in blocks:
+        room = size - (0 if held is None else len(held))
+        if room > 0:
+            fill = block.slice(0, min(room, len(block)))
+            held = fill if held is None else Block.concat([held, fill])
+            if len(block) <= room:
+                continue
+            block = block.slice(room, len(block))
+        assert held is not None
+        m = len(block)
+        slots = rng.integers(size, size=m).astype(np.int64, copy=False)
+        buffer = np.arange(size, dtype=np.int64)  # slot -> document of ``pool``
+        emitted = np.empty(m, np.int64)
+        shuffle_buffer_steps(buffer, slots, np.arange(size, size + m, dtype=np.int64), emitted)
+        # Taken from the buffer and the block as one, without joining them first.
+        yield Block.gather([held, block], emitted)
+        held = Block.gather([held, block], buffer)
+    if held is None or not len(held):
+        return
+    n = len(held)
+    # One call with a falling bound draws what n calls with bounds n, n-1, ... 1 would.
+    slots = rng.integers(np.arange(n, 0, -1, dtype=np.int64)).astype(np.int64, copy=False)
+    emitted = np.empty(n, np.int64)
+    shuffle_buffer_drain(np.arange(n, dtype=np.int64), slots, emitted)
+    yield held.take(emitted)

@@ -13,17 +13,64 @@ a row group at a time.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from queue import Full, Queue
+from typing import Any, TypeVar
 
 import numpy as np
 
 from streampack.corpus.arrow import import_pyarrow, supervision_type, token_list_type
 from streampack.corpus.files import regular_file
 from streampack.corpus.masks import labels_to_mask, mask_spec
-from streampack.corpus.reader import BindingSpec, Record, SingleSource
+from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
 from streampack.errors import InvalidConfig
+
+READ_AHEAD = 1  # row groups decoded ahead of the one being cut
+_T = TypeVar("_T")
+
+
+def read_ahead(items: Iterator[_T], depth: int) -> Iterator[_T]:
+    """``items``, produced on a background thread at most ``depth`` ahead of the
+    consumer (memory: ``depth`` items queued, one being made, one being used). An
+    exception on the thread is raised here, as it would have been; closing this
+    iterator stops the thread after the item it is making."""
+    queue: Queue[tuple[BaseException | None, Any]] = Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(entry: tuple[BaseException | None, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                queue.put(entry, timeout=0.05)
+                return True
+            except Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put((None, item)):
+                    return
+            put((None, done))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put((exc, None))
+
+    thread = threading.Thread(target=run, name="streampack-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            error, item = queue.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _open(pq: Any, pa: Any, path: Path) -> Any:
@@ -55,8 +102,11 @@ class ParquetSource(SingleSource):
         self.paths = [regular_file(path, "Parquet file") for path in paths]
         total = 0
         self.spec = None
+        self._groups: list[tuple[int, int]] = []  # (file, row group) in reading order
+        first: list[int] = []  # the source id of each one's first row
         for number, path in enumerate(self.paths):
-            schema = _open(pq, pa, path).schema_arrow
+            opened = _open(pq, pa, path)
+            schema = opened.schema_arrow
             if number == 0:
                 self.spec = mask_spec(entry or {}, f"Parquet file {str(path)!r}", schema.names)
                 self.masked = self.spec is not None
@@ -67,12 +117,36 @@ class ParquetSource(SingleSource):
                     f'columns are {schema.names} (set "column" in the manifest)'
                 )
             token_list_type(pa, schema.field(column).type, column, f"Parquet file {str(path)!r}")
-            total += _open(pq, pa, path).metadata.num_rows
+            metadata = opened.metadata
+            for group in range(metadata.num_row_groups):
+                self._groups.append((number, group))
+                first.append(total)
+                total += metadata.row_group(group).num_rows
         if total == 0:
             raise InvalidConfig(f"Parquet files {[str(p) for p in self.paths]} hold no rows")
         self.num_documents: int | None = total
+        self._group_first = np.array(first, np.int64)
+
+    def location(self, source_id: int) -> str:
+        """``FILE:GROUP:ROW`` of document ``source_id``."""
+        at = int(np.searchsorted(self._group_first, source_id, side="right")) - 1
+        file, group = self._groups[at]
+        return f"{self.paths[file].name}:{group}:{source_id - int(self._group_first[at])}"
 
     def records(self) -> Iterator[Record]:
+        """Every document, one record each (a mixture reads them so)."""
+        for block in self.blocks():
+            yield from block.records(self.location)
+
+    def blocks(self) -> Iterator[Block]:
+        """One block per row group, decoded columnar: the list column's offsets and
+        values as NumPy (zero-copy where pyarrow allows), nulls from the validity
+        bitmaps, no Python object per document. Decoded on a background thread
+        (pyarrow and NumPy release the GIL) at most ``READ_AHEAD`` row groups ahead of
+        the cut."""
+        return read_ahead(self._decoded(), READ_AHEAD)
+
+    def _decoded(self) -> Iterator[Block]:
         pa = import_pyarrow("Parquet files")
         import pyarrow.parquet as pq
 
@@ -82,7 +156,8 @@ class ParquetSource(SingleSource):
             handle = _open(pq, pa, path)
             for group in range(handle.num_row_groups):
                 try:
-                    table = handle.read_row_group(group, columns=columns)
+                    # One column or two: pyarrow's own threads cost more than they give.
+                    table = handle.read_row_group(group, columns=columns, use_threads=False)
                     lists, *mask_lists = (
                         chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
                         for chunked in table.columns
@@ -92,48 +167,60 @@ class ParquetSource(SingleSource):
                         f"Parquet file {str(path)!r}: row group {group} cannot "
                         f"be read (corrupt or truncated): {exc}"
                     ) from None
-                offsets = lists.offsets.to_numpy()
-                values = lists.values
-                valid_token = values.is_valid().to_numpy(zero_copy_only=False)
-                tokens = values.fill_null(0).to_numpy().astype(np.int64, copy=False)
-                row_valid = lists.is_valid().to_numpy(zero_copy_only=False)
-                masks = self._masks(mask_lists[0], tokens, np.diff(offsets)) if mask_lists else None
-                for row in range(len(lists)):
-                    location = f"{path.name}:{group}:{row}"
-                    lo, hi = int(offsets[row]), int(offsets[row + 1])
-                    problem = None if masks is None else masks[1].get(row)
-                    if not row_valid[row] or not valid_token[lo:hi].all():
-                        what = "the row is null" if not row_valid[row] else "a token is null"
-                        yield Record(
-                            source_id,
-                            None,
-                            0,
-                            0,
-                            source_id,
-                            "malformed",
-                            f"{what}; expected a list of integer tokens",
-                            location,
-                        )
-                    elif problem is not None:
-                        yield Record(
-                            source_id, tokens[lo:hi], 0, hi - lo, source_id, *problem, location
-                        )
-                    else:
-                        mask = None
-                        if masks is not None:
-                            mask = masks[0][masks[2][row] : masks[2][row + 1]]
-                        yield Record(
-                            source_id,
-                            tokens[lo:hi],
-                            0,
-                            hi - lo,
-                            source_id,
-                            None,
-                            "",
-                            location,
-                            mask,
-                        )
-                    source_id += 1
+                yield self._block(lists, mask_lists[0] if mask_lists else None, source_id)
+                source_id += len(lists)
+
+    def _block(self, lists: Any, mask_lists: Any, first: int) -> Block:
+        """One row group's documents (source ids from ``first``) as a block."""
+        n = len(lists)
+        offsets = lists.offsets.to_numpy().astype(np.int64, copy=False)
+        raw_lengths = np.diff(offsets)
+        values = lists.values
+        if values.null_count:
+            tokens = values.fill_null(0).to_numpy()
+        else:
+            tokens = values.to_numpy(zero_copy_only=False)
+        if tokens.dtype == np.uint64:  # as before blocks: wrapped into int64 (the screen
+            tokens = tokens.astype(np.int64)  # then finds them out of vocabulary)
+        problems: dict[int, tuple[str, str]] = {}
+        mask = mask_lengths = None
+        if mask_lists is not None:
+            full = tokens.astype(np.int64, copy=False)
+            stored, problems, mask_offsets = self._masks(mask_lists, full, raw_lengths)
+            mask = stored[mask_offsets[0] : mask_offsets[-1]]
+            mask_lengths = np.diff(mask_offsets)
+        tokens = tokens[offsets[0] : offsets[-1]]
+        lengths = raw_lengths
+        # A null row or a null token: the document is malformed and holds no tokens
+        # (this wins over a mask problem, as it always has).
+        null_row = ~lists.is_valid().to_numpy(zero_copy_only=False) if lists.null_count else None
+        null_token = None
+        if values.null_count:
+            is_null = values.is_null().to_numpy(zero_copy_only=False)
+            before = np.concatenate([[0], np.cumsum(is_null)])  # nulls before each value
+            null_token = before[offsets[1:]] > before[offsets[:-1]]
+        if null_row is not None or null_token is not None:
+            bad = np.zeros(n, bool)
+            for flags, what in ((null_row, "the row is null"), (null_token, "a token is null")):
+                if flags is None:
+                    continue
+                for row in np.flatnonzero(flags & ~bad).tolist():
+                    problems[row] = ("malformed", f"{what}; expected a list of integer tokens")
+                bad |= flags
+            tokens = tokens[np.repeat(~bad, raw_lengths)]
+            lengths = np.where(bad, 0, raw_lengths)
+        ids = np.arange(first, first + n, dtype=np.int64)
+        return Block(
+            tokens=tokens,
+            lengths=lengths,
+            starts=np.zeros(n, np.int64),
+            stops=lengths.copy(),
+            source_ids=ids,
+            example_ids=ids,
+            problems=problems,
+            mask=mask,
+            mask_lengths=mask_lengths,
+        )
 
     def _masks(
         self, lists: Any, tokens: np.ndarray, lengths: np.ndarray

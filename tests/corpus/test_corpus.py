@@ -259,15 +259,26 @@ def test_digest_survives_a_deeply_nested_line(tmp_path):
     assert json.loads(out.stdout.splitlines()[-1])["batches"] == 1
 
 
-def test_blank_lines_take_a_source_id_like_every_line(tmp_path):
-    lines = [json.dumps({"tokens": doc(4)}), "", "   ", json.dumps({"tokens": doc(5)})]
+def test_blank_lines_are_skipped_and_counted_not_documents(tmp_path):
+    """As pandas and datasets read JSON Lines: a whitespace-only line is no document
+    (it takes no source id, so later lines keep theirs), and a bad line after it is
+    still named by its own line number."""
+    lines = [
+        json.dumps({"tokens": doc(4)}),
+        "",
+        "   \t",
+        json.dumps({"tokens": doc(5)}),
+        "",
+        "not json",
+    ]
     source = open_corpus(write_jsonl(tmp_path, lines))
     (window,) = iter_windows(source, 0, CutSpec(capacity=8, window_documents=9, window_tokens=99))
     assert [(q["source_id"], q["reason"], q["location"]) for q in window.quarantined] == [
-        (1, "malformed", "docs.jsonl:2"),
-        (2, "malformed", "docs.jsonl:3"),
+        (2, "malformed", "docs.jsonl:6"),
     ]
-    np.testing.assert_array_equal(window.source_id, [0, 3])  # line 4 is source id 3
+    np.testing.assert_array_equal(window.source_id, [0, 1])  # line 4 is source id 1
+    assert window.documents == 3
+    assert source.blank_lines == 3
 
 
 def test_a_manifest_that_is_not_utf8_is_one_clear_error(tmp_path):

@@ -1,0 +1,65 @@
+"""Gathering documents: the ranges of a flat array, concatenated, in one compiled call
+(``streampack.kernels.corpus_cpu``) rather than a NumPy fancy index, which builds two
+index arrays of the output's size first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from streampack.errors import InternalError
+
+
+def gather_ranges(
+    values: Any, starts: np.ndarray, lengths: np.ndarray, dtype: Any = None
+) -> np.ndarray:
+    """``values[starts[i]:starts[i] + lengths[i]]`` for each i, concatenated, in
+    ``dtype`` (default ``values``' own). ``values`` is an array (a memory map is read
+    in place); every range must lie inside it."""
+    from streampack.kernels.corpus_cpu import gather_ranges_into
+
+    values = np.asarray(values)
+    starts = np.ascontiguousarray(starts, np.int64)
+    lengths = np.ascontiguousarray(lengths, np.int64)
+    out = np.empty(int(lengths.sum()), values.dtype if dtype is None else dtype)
+    if not len(out):
+        return out
+    # Our bug if not: the readers check offsets against their arrays when they open.
+    if (
+        int(lengths.min()) < 0
+        or int(starts.min()) < 0
+        or int((starts + lengths).max()) > len(values)
+    ):
+        raise InternalError("gather_ranges: a range lies outside its array (a bug)")
+    if values.dtype == np.bool_ and out.dtype != np.bool_:
+        values = values.view(np.uint8)
+    gather_ranges_into(values, starts, lengths, out)
+    return out
+
+
+def copy_ranges(
+    values: Any, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, out_starts: np.ndarray
+) -> None:
+    """``values[starts[i]:starts[i] + lengths[i]]`` into ``out`` at ``out_starts[i]``,
+    for each i, in one compiled call (``values`` read in place: a memory map stays
+    one)."""
+    from streampack.kernels.corpus_cpu import copy_ranges as compiled
+
+    values = np.asarray(values)  # a plain view of a memory map: no subclass per access
+    starts = np.ascontiguousarray(starts, np.int64)
+    lengths = np.ascontiguousarray(lengths, np.int64)
+    out_starts = np.ascontiguousarray(out_starts, np.int64)
+    if not len(starts):
+        return
+    if (
+        int(lengths.min()) < 0
+        or int(starts.min()) < 0
+        or int((starts + lengths).max()) > len(values)
+        or int(out_starts.min()) < 0
+        or int((out_starts + lengths).max()) > len(out)
+    ):
+        raise InternalError("copy_ranges: a range lies outside its array (a bug)")
+    if values.dtype == np.bool_ and out.dtype != np.bool_:
+        values = values.view(np.uint8)
+    compiled(values, starts, lengths, out, out_starts)

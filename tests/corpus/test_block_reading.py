@@ -1,0 +1,274 @@
+"""Block reading: the compiled gather and shuffle buffer against their plain-Python
+references (``streampack.reference.corpus``), and blocks against the records they
+replace."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streampack.corpus.gather import copy_ranges, gather_ranges
+from streampack.corpus.order import buffered_shuffle, buffered_shuffle_blocks, epoch_rng
+from streampack.corpus.reader import Block
+from streampack.reference import corpus as reference
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64, np.uint8, np.bool_])
+def test_gather_ranges_is_the_reference(tmp_path, dtype):
+    rng = np.random.default_rng(1)
+    values = rng.integers(0, 2 if dtype == np.bool_ else 500, 1000).astype(dtype)
+    np.save(tmp_path / "v.npy", values)
+    mapped = np.load(tmp_path / "v.npy", mmap_mode="r")  # read in place, read-only
+    lengths = rng.integers(0, 30, 60)
+    starts = rng.integers(0, 1000 - 30, 60)
+    lengths[[3, 17]] = 0
+    out = gather_ranges(mapped, starts, lengths)
+    assert out.dtype == dtype
+    assert out.tolist() == reference.gather_ranges(values.tolist(), starts, lengths)
+    wide = gather_ranges(mapped, starts, lengths, np.int64)
+    assert wide.dtype == np.int64 and wide.tolist() == [int(v) for v in out.tolist()]
+    # copy_ranges: the same ranges, each to its place in a shuffled window
+    order = rng.permutation(60)
+    places = np.empty(60, np.int64)
+    places[order] = np.cumsum(lengths[order]) - lengths[order]
+    window = np.full(int(lengths.sum()), 7, np.int32)
+    copy_ranges(mapped, starts, lengths, window, places)
+    expected = reference.gather_ranges(values.tolist(), starts[order], lengths[order])
+    assert window.tolist() == [int(v) for v in expected]
+
+
+def _block(first: int, lengths: list[int], problems: dict[int, tuple[str, str]]) -> Block:
+    n = len(lengths)
+    tokens = np.concatenate([np.full(k, first + i, np.int64) for i, k in enumerate(lengths)])
+    ids = np.arange(first, first + n, dtype=np.int64)
+    return Block(
+        tokens=tokens,
+        lengths=np.array(lengths, np.int64),
+        starts=np.zeros(n, np.int64),
+        stops=np.array(lengths, np.int64),
+        source_ids=ids,
+        example_ids=ids + 1000,
+        problems=problems,
+        mask=(tokens % 2).astype(np.uint8),
+        mask_lengths=np.array(lengths, np.int64),
+    )
+
+
+@pytest.mark.parametrize("size", [1, 7, 50, 64, 500])
+@pytest.mark.parametrize("block_size", [1, 13, 64])
+def test_the_block_shuffle_emits_what_the_record_shuffle_does(size, block_size):
+    """Every document in the order ``buffered_shuffle`` (and the reference) gives for
+    the same seed, with its tokens, mask, ids and problems — a buffer smaller than,
+    equal to and larger than the corpus, blocks of one document and more."""
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(0, 9, 300).tolist()
+    blocks = []
+    for lo in range(0, 300, block_size):
+        part = lengths[lo : lo + block_size]
+        bad = {i: ("malformed", f"doc {lo + i}") for i in range(len(part)) if (lo + i) % 37 == 5}
+        blocks.append(_block(lo, part, bad))
+    expected = list(buffered_shuffle(iter(range(300)), size, epoch_rng(3, 1)))
+    draws = epoch_rng(3, 1)
+    assert expected == reference.shuffle_buffer(
+        list(range(300)), size, lambda n: int(draws.integers(n))
+    )
+    out = Block.concat(list(buffered_shuffle_blocks(iter(blocks), size, epoch_rng(3, 1))))
+    assert out.source_ids.tolist() == expected
+    assert out.example_ids.tolist() == [i + 1000 for i in expected]
+    assert out.lengths.tolist() == [lengths[i] for i in expected]
+    tokens = [i for i in expected for _ in range(lengths[i])]
+    assert out.tokens.tolist() == tokens
+    assert out.mask is not None and out.mask.tolist() == [t % 2 for t in tokens]
+    assert out.problems == {
+        at: ("malformed", f"doc {i}") for at, i in enumerate(expected) if i % 37 == 5
+    }
+
+
+def test_read_ahead_raises_the_readers_error_where_it_is_read():
+    from streampack.corpus.parquet import read_ahead
+    from streampack.errors import InvalidConfig
+
+    def groups():
+        yield 1
+        yield 2
+        raise InvalidConfig("row group 2 cannot be read")
+
+    seen = []
+    with pytest.raises(InvalidConfig, match="row group 2 cannot be read"):
+        for item in read_ahead(groups(), 1):
+            seen.append(item)
+    assert seen == [1, 2]
+
+
+def test_read_ahead_stays_bounded_and_stops_when_closed():
+    import threading
+
+    from streampack.corpus.parquet import read_ahead
+
+    made = []
+
+    def groups():
+        for i in range(100):
+            made.append(i)
+            yield i
+
+    items = read_ahead(groups(), 2)
+    assert next(items) == 0
+    threading.Event().wait(0.2)
+    assert len(made) <= 4  # one used, two queued, one being made
+    items.close()
+    assert not [t for t in threading.enumerate() if t.name == "streampack-read-ahead"]
+
+
+def _lines(masked: str | None) -> list[str]:
+    """Lines of every shape: plain ones the compiled parser reads and every kind it
+    leaves to ``json`` (each bad one quarantined with its reason by parse_line)."""
+    import json
+
+    rng = np.random.default_rng(5)
+    out = []
+    for i in range(120):
+        doc = rng.integers(0, 512, int(rng.integers(2, 30))).tolist()
+        line: dict[str, object] = {"tokens": doc}
+        if i % 3 == 0:
+            line["id"] = 10_000 + i
+        if i % 5 == 0:
+            line["start"], line["stop"] = 1, len(doc) - 1
+        if masked == "mask":
+            line["mask"] = [0] + [1] * (len(doc) - 1)
+        elif masked == "labels":
+            line["labels"] = [-100] + doc[1:]
+        out.append(json.dumps(line, separators=(",", ":") if i % 2 else (", ", ": ")))
+    extra = "" if masked is None else f', "{masked}": [1, 1, 1]'
+    out[3:3] = [
+        '{"tokens": [1, 2, 3]' + extra + "}",
+        '  {  "tokens" :[ 1 ,2,  3 ]\t' + extra + " }  ",
+        '{"tokens": [-0, 5, 6]' + extra + "}",
+        '{"tokens": [1, 2, 123456789012345678]' + extra + "}",
+        '{"tokens": [1, 2, 1234567890123456789]' + extra + "}",
+        '{"tokens": [1, 2, 12345678901234567890123]' + extra + "}",
+        '{"tokens": [1, 2.0, 3]' + extra + "}",
+        '{"tokens": [1, 2e0, 3]' + extra + "}",
+        '{"tokens": [1, true, 3]' + extra + "}",
+        '{"tokens": [1, null, 3]' + extra + "}",
+        '{"tokens": [01, 2, 3]' + extra + "}",
+        '{"tokens": [1, 2, 3,]' + extra + "}",
+        '{"tokens": []' + extra + "}",
+        '{"tokens": [1, 2, 3], "tokens": [4, 5, 6]' + extra + "}",
+        '{"tokens": [1, 2, 3], "text": "a \\u00e9 b"' + extra + "}",
+        '{"tokens": [1, 2, 3], "meta": {"a": [1]}' + extra + "}",
+        '{"tokens": [1, 2, 3]' + extra + '} {"tokens": [4, 5]}',
+        '{"tokens": [1, 2, 3]' + extra + "} x",
+        '\ufeff{"tokens": [1, 2, 3]' + extra + "}",
+        '{"tokens": [1, 2, 3], "id": null' + extra + "}",
+        '{"tokens": [1, 2, 3], "id": 9223372036854775808' + extra + "}",
+        '{"tokens": [1, 2, 3], "id": true' + extra + "}",
+        '{"tokens": [1, 2, 3], "start": 2, "stop": 1' + extra + "}",
+        '{"tokens": [1, 2, 3], "stop": 4' + extra + "}",
+        '{"tokens": [1, 2, 3], "start": -1' + extra + "}",
+        '{"\\u0074okens": [1, 2, 3]' + extra + "}",
+        '{"Tokens": [1, 2, 3]' + extra + "}",
+        '{"tokens": [1, 2, 3], "x": ' + "[" * 5000 + "]" * 5000 + extra + "}",
+        "[" * 5000,
+        "[1, 2, 3]",
+        "7",
+        "{}",
+        '{"tokens": "1 2 3"' + extra + "}",
+        '{"tokens": [1, 2, 3]',
+        "\x0b",
+        "\x0c {",
+    ]
+    if masked is not None:
+        out[40:40] = [
+            '{"tokens": [1, 2, 3]}',
+            f'{{"tokens": [1, 2, 3], "{masked}": [1, 1]}}',
+            f'{{"tokens": [1, 2, 3], "{masked}": [1, 2, 1]}}',
+            f'{{"tokens": [1, 2, 3], "{masked}": [true, false, true]}}',
+            f'{{"tokens": [1, 2, 3], "{masked}": null}}',
+            f'{{"tokens": [1, 2, 3], "{masked}": [-100, 7, 3]}}',
+            f'{{"tokens": [1, 2, 3], "{masked}": [0, 0, 0]}}',
+        ]
+    return out
+
+
+@pytest.mark.parametrize("masked", [None, "mask", "labels"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_compiled_json_lines_read_as_json_reads_them(tmp_path, monkeypatch, masked, shuffle):
+    """Every line as parse_line (``json``) reads it: the same windows, byte for byte,
+    with the compiled parser and with every line left to ``json`` — bad lines keep
+    their reasons, details and line numbers, blank lines are skipped."""
+    from _formats import manifest
+    from test_stream_pins import window_digest
+
+    from streampack.corpus import open_corpus
+    from streampack.kernels import corpus_cpu
+    from streampack.windows import CutSpec, iter_windows
+
+    lines = _lines(masked)
+    lines[50:50] = ["", "  ", "\t"]
+    (tmp_path / "docs.jsonl").write_bytes(
+        "\n".join(lines).encode("utf-8", "surrogatepass") + b"\n\xff\xfe{}\n"
+    )
+    path = manifest(tmp_path, jsonl=["docs.jsonl"], **({} if masked is None else {masked: masked}))
+    spec = CutSpec(capacity=24, window_documents=17, window_tokens=200, shuffle=shuffle)
+    parse = corpus_cpu.parse_token_lines
+    accepted = []
+
+    def counted(*args):
+        parse(*args)
+        accepted.append(int(args[5].sum()))
+
+    monkeypatch.setattr(corpus_cpu, "parse_token_lines", counted)
+    compiled = window_digest(path, spec)
+    assert sum(accepted) >= 100  # the plain lines went the compiled way
+    reasons = {q["reason"] for w in iter_windows(open_corpus(path), 1, spec) for q in w.quarantined}
+    assert {"malformed", "bad_range", "wrong_dtype", "out_of_vocabulary"} <= reasons
+    monkeypatch.setattr(corpus_cpu, "parse_token_lines", lambda *args: None)
+    assert window_digest(path, spec) == compiled
+
+
+def test_blank_lines_are_what_bytes_strip_leaves_empty():
+    from streampack.corpus.jsonl import _line_bounds, _not_blank
+
+    rng = np.random.default_rng(6)
+    alphabet = np.frombuffer(b" \t\r\x0b\x0c\nab{", np.uint8)
+    chunk = rng.choice(alphabet, 4000, p=[0.3, 0.1, 0.1, 0.05, 0.05, 0.3, 0.03, 0.03, 0.04])
+    data = chunk.tobytes()
+    starts, ends = _line_bounds(data)
+    expected = [bool(data[lo:hi].strip()) for lo, hi in zip(starts, ends, strict=True)]
+    assert _not_blank(data, starts, ends).tolist() == expected
+    assert b"".join(data[lo:hi] for lo, hi in zip(starts, ends, strict=True)) == data
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_parquet_holds_a_few_row_groups_not_the_file(tmp_path, shuffle):
+    """A Parquet file of 40 row groups (4 MB of tokens) read whole: NumPy's peak stays
+    a few row groups (read-ahead, the one being cut, the shuffle buffer's copy) and a
+    window, far below the file."""
+    import tracemalloc
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from _formats import manifest
+
+    from streampack.corpus import open_corpus
+    from streampack.windows import CutSpec, iter_windows
+
+    rows, per_row = 40 * 500, 50  # 20,000 documents of 50 int32 tokens: 4 MB
+    values = pa.array((np.arange(rows * per_row) % 500).astype(np.int32))
+    offsets = pa.array(np.arange(0, rows * per_row + 1, per_row, dtype=np.int32))
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(offsets, values)})
+    pq.write_table(table, tmp_path / "big.parquet", row_group_size=500)
+    path = manifest(tmp_path, parquet=["big.parquet"])
+    spec = CutSpec(
+        capacity=64, window_documents=64, window_tokens=4096, shuffle=shuffle, shuffle_buffer=256
+    )
+    for _ in iter_windows(open_corpus(path), 0, spec):  # imports and compilation first
+        pass
+    group = 500 * per_row * 8  # one row group's tokens as int64, the widest copy made
+    tracemalloc.start()
+    documents = sum(w.documents for w in iter_windows(open_corpus(path), 0, spec))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert documents == rows
+    assert peak < 4 * group, peak  # the file is 40 row groups
