@@ -4,6 +4,12 @@ One document per line: ``{"tokens": [...]}`` with optional ``"id"`` (int, become
 example id) and ``"start"``/``"stop"`` (the selected range; default the whole
 document). Every line is a document and takes a source id, blank and malformed lines
 too (they are quarantined as ``malformed``), so a source id always names a line.
+
+A bad line is a document's problem; a file none of whose first lines is a document
+(``SNIFF_LINES`` non-blank lines, all not JSON objects with a ``tokens`` list of
+integers: compressed or binary data, another schema such as ``{"input_ids": ...}``,
+a JSON array) is the file's, and refuses the corpus at open rather than quarantining
+every line.
 """
 
 from __future__ import annotations
@@ -17,6 +23,13 @@ import numpy as np
 from streampack.corpus.files import regular_file
 from streampack.corpus.reader import BindingSpec, Record, SingleSource
 from streampack.errors import InvalidConfig
+
+#: Non-blank lines read at open: a file where none is a document is refused.
+SNIFF_LINES = 8
+#: A line longer than this is not judged at open (its document is screened as usual).
+SNIFF_BYTES = 1 << 20
+#: Reasons that say the line is not this format's document at all.
+NOT_A_DOCUMENT = ("malformed", "wrong_dtype")
 
 
 class JsonlSource(SingleSource):
@@ -33,6 +46,7 @@ class JsonlSource(SingleSource):
                     f"JSON Lines file {str(path)!r} is empty (0 bytes); "
                     f"expected one document per line"
                 )
+            refuse_without_documents(path)
         self.num_documents: int | None = None
 
     def records(self) -> Iterator[Record]:
@@ -42,6 +56,34 @@ class JsonlSource(SingleSource):
                 for line_number, line in enumerate(handle, start=1):
                     yield parse_line(line, source_id, f"{path.name}:{line_number}")
                     source_id += 1
+
+
+def refuse_without_documents(path: Path) -> None:
+    """Refuse ``path`` when none of its first ``SNIFF_LINES`` non-blank lines is a
+    document (see module docstring); any one that is, good or bad on its own account
+    (a range, a token out of the vocabulary), or a line too long to judge, passes."""
+    first = None
+    seen = 0
+    with open(path, "rb") as handle:
+        while seen < SNIFF_LINES:
+            line = handle.readline(SNIFF_BYTES)
+            if not line:
+                break
+            if len(line) == SNIFF_BYTES and not line.endswith(b"\n"):
+                return
+            if not line.strip():
+                continue
+            seen += 1
+            record = parse_line(line, 0, f"line {seen}")
+            if record.reason not in NOT_A_DOCUMENT:
+                return
+            first = first or record
+    if first is not None:
+        raise InvalidConfig(
+            f"JSON Lines file {str(path)!r}: none of its first {seen} non-blank line(s) is "
+            f"a document (first: {first.detail}); expected one JSON object per line, "
+            f'{{"tokens": [integer token ids, ...]}}'
+        )
 
 
 def parse_line(line: bytes, source_id: int, location: str) -> Record:

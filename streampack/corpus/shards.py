@@ -3,6 +3,13 @@
 A shard ``NAME`` is ``NAME.tokens.npy`` (int32, uint16 or uint32 tokens) and
 ``NAME.offsets.npy`` (int64 document boundaries: ``offsets[0] == 0``, never
 decreasing, ``offsets[-1] == len(tokens)``), next to the manifest.
+
+Tokens of any other integer dtype, of either byte order (``>i4``, ``int64``, ``uint8``,
+...), are read all the same: each window takes its values into its own array, in the
+dtype tokens travel in, and the vocabulary screen judges the values. A dtype that
+holds no token ids (floats, booleans, text, records) refuses the corpus at open,
+naming the file and its dtype: a file-level problem gets a file-level answer, never a
+quarantine of every document it holds.
 """
 
 from __future__ import annotations
@@ -15,8 +22,6 @@ from streampack.corpus.files import regular_file
 from streampack.corpus.offsets import OffsetsReader, Part, check_offsets
 from streampack.corpus.reader import BindingSpec
 from streampack.errors import InvalidConfig
-
-TOKEN_DTYPES = {np.dtype(np.int32), np.dtype(np.uint16), np.dtype(np.uint32)}
 
 
 def _load(path: Path, what: str) -> np.ndarray:
@@ -43,13 +48,18 @@ def open_shard(root: Path, name: str) -> Part:
         )
     if tokens.ndim != 1:
         raise InvalidConfig(f"shard {name!r}: tokens shape {tokens.shape}; expected 1-D")
+    if tokens.dtype.kind not in "iu":
+        raise InvalidConfig(
+            f"shard {name!r}: tokens {str(root / f'{name}.tokens.npy')!r} have dtype "
+            f"{tokens.dtype.str} ({tokens.dtype.name}); expected integer token ids: int32, "
+            f"uint16 or uint32 (any integer dtype of either byte order is read)"
+        )
     check_offsets(offsets, len(tokens), f"shard {name!r} ({str(offsets_path)!r})")
-    return Part(name, tokens, offsets, tokens_are_integers=tokens.dtype in TOKEN_DTYPES)
+    return Part(name, tokens, offsets)
 
 
 class TokenShardSource(OffsetsReader):
-    """Token shards in manifest order (a shard whose tokens are not int32, uint16 or
-    uint32 is read, and its documents quarantined as ``wrong_dtype``)."""
+    """Token shards in manifest order (tokens of any integer dtype; see module)."""
 
     def __init__(self, root: Path, names: list[str], binding: BindingSpec) -> None:
         super().__init__(
