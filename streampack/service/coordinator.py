@@ -409,7 +409,9 @@ class Coordinator:
         """Hand windows to workers with credit: reissues first, then backup copies of
         overdue windows (to workers not lagging themselves), then new cuts."""
         workers = self.registry.with_capacity()
-        alone = len(self.registry) == 1
+        # A reissue prefers another worker than the last holder, when one has room: a
+        # registered worker without credit (a hung one, say) must not keep it waiting.
+        alone = len(workers) == 1
         for identity, worker in workers:
             while worker.capacity > 0:
                 state = self.pipeline.next_reissue(identity, alone)

@@ -268,7 +268,7 @@ class Pipeline:
 
     def next_reissue(self, identity: bytes, alone: bool) -> WindowState | None:
         """The lowest window awaiting reissue that ``identity`` may take: not one it
-        was last given, unless it is the only worker (``alone``)."""
+        was last given, unless it is the only worker with room (``alone``)."""
         for position, key in enumerate(self.reissue):
             state = self.inflight.get(key)
             if state is None or state.holders or state.batches is not None:

@@ -720,3 +720,23 @@ def test_newcomers_displace_strangers_before_a_rank_that_was_answered(want_w1):
     assert b"n%d" % (MAX_CONSUMERS + 199) in consumers  # a newcomer is never refused
     harness.take(b"rank")
     assert harness.drain(b"rank", 0, 1, index=4) == want_w1[4:]
+
+
+def test_a_reissue_goes_back_to_its_last_holder_when_no_other_worker_has_room(want_w1):
+    """Chaos finding (seed 11 once the hung worker's deadline outlasted the trainers'
+    timeout): a reissued window skipped the worker it was last given while another
+    worker was registered — a hung one with no credit — so nobody took it, ever. The
+    preference for another worker holds only when another has room."""
+    harness = Harness()
+    _held_by_hung(harness, b"hung")  # hung holds window 0, no credit left
+    harness.join(b"w1", credit=1)
+    harness.step()
+    assert len(harness.take(b"w1", "window")) == 1
+    for _ in range(6):  # w1 falls silent (its window is reissued), the hung one beats on
+        heartbeat(harness, b"hung")
+        harness.step(1.0)
+    assert harness.counters["workers_lost"] == 1
+    heartbeat(harness, b"hung", b"w1")  # w1 is back, with room for one window
+    harness.step()
+    harness.take(b"c")
+    assert harness.drain(b"c2", 0, 1) == want_w1
