@@ -177,17 +177,14 @@ class Coordinator:
             return
         try:
             message = wire.decode(frames, self.limits)
-            self._worker_message(identity, message, now)
+            handler = self._worker_handlers.get(message.kind)
+            if handler is None:
+                raise ProtocolError(f"{message.kind!r} is not a worker message")
+            handler(identity, message, now)
         except ProtocolError as exc:
             self.counters.add("rejected_worker")
             self.warn(f"producer: rejected a message from worker {identity.hex()}: {exc}")
             self.send_worker(identity, "error", {"message": str(exc)[:1000]}, None)
-
-    def _worker_message(self, identity: bytes, message: wire.Message, now: float) -> None:
-        handler = self._worker_handlers.get(message.kind)
-        if handler is None:
-            raise ProtocolError(f"{message.kind!r} is not a worker message")
-        handler(identity, message, now)
 
     def _on_worker_error(self, identity: bytes, message: wire.Message, now: float) -> None:
         """Our message was refused; answering would start a ping-pong."""

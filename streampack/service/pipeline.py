@@ -322,9 +322,12 @@ class Pipeline:
         """The first window overdue for a backup that ``identity`` does not hold."""
         for position, key in enumerate(self.backups):
             state = self.inflight.get(key)
-            if state is None or not state.awaited or len(state.holders) >= MAX_COPIES:
-                continue
-            if identity in state.holders:
+            if (
+                state is None
+                or not state.awaited
+                or len(state.holders) >= MAX_COPIES
+                or identity in state.holders
+            ):
                 continue
             del self.backups[position]
             return state
