@@ -222,10 +222,10 @@ class Coordinator:
                 )
 
     def _answered(self, identity: bytes, message: wire.Message, now: float) -> Answer | None:
-        """Who may answer ``message``'s window: the answer's window state and whether a
-        loss of it counts, or None when the answer is to be dropped (late: the window
-        was taken back; or a duplicate: another copy was answered first). Raises
-        ``ProtocolError`` when ``identity`` does not hold that window."""
+        """The window a ``packed``/``failed`` answer is about, which ``identity`` holds;
+        None when the answer is to be dropped (stale: the window was taken back from
+        it; a duplicate: another copy was answered first). Raises ``ProtocolError``
+        when ``identity`` does not hold that window."""
         worker = self.registry.get(identity)
         if worker is not None:
             worker.last_seen = now
