@@ -209,6 +209,8 @@ class ProducerSettings:
     max_message_bytes: int = 256 * _MIB
     heartbeat_timeout: float = 5.0
     window_timeout: float = 60.0
+    backups: bool = True
+    backup_after: float = 1.0
     consumer_timeout: float = 60.0
     quarantine_path: str | None = None
     curve_secret_key_file: str | None = None
@@ -265,6 +267,9 @@ class ProducerSettings:
         _check_int("max_message_bytes", self.max_message_bytes, minimum=4096)
         _check_float("heartbeat_timeout", self.heartbeat_timeout, minimum=0.0)
         _check_float("window_timeout", self.window_timeout, minimum=0.0)
+        if not isinstance(self.backups, bool):
+            raise InvalidConfig(f"backups = {self.backups!r} must be true or false")
+        _check_float("backup_after", self.backup_after, minimum=0.0)
         _check_float("consumer_timeout", self.consumer_timeout, minimum=0.0)
         if self.quarantine_path is not None and not isinstance(self.quarantine_path, str):
             raise InvalidConfig(f"quarantine_path = {self.quarantine_path!r} must be a path")
@@ -348,6 +353,10 @@ FIELD_HELP: dict[str, str] = {
     "heartbeat_timeout": "seconds of silence after which a worker's windows are reissued",
     "window_timeout": "seconds a worker may hold a window; then the window goes to another "
     "worker and the late one is dropped",
+    "backups": "hand a copy of a window that is overdue (against the windows observed) "
+    "to another worker, and take the first answer that passes the plan check",
+    "backup_after": "seconds a window is in flight before it may get a backup copy (at "
+    "least; more when the recent windows took longer: 4 x their p95)",
     "consumer_timeout": "seconds of silence after which a consumer's outstanding fetches are "
     "forgotten (a waiting client resends every few seconds)",
     "quarantine_path": "JSON Lines file receiving each quarantined document with its reason",

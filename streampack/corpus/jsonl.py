@@ -22,6 +22,12 @@ makes each line carry a list of 0/1 (or true/false) per token under ``FIELD``
 (``{"tokens": [...], "mask": [0, 0, 1, 1]}``); ``"labels": "FIELD"`` a list of Hugging
 Face labels (-100, or the token). A line without it, or with one of another length or
 other values, is quarantined (``mask_length``, ``mask_values``, ``labels_mismatch``).
+
+A bad line is a document's problem; a file none of whose first lines is a document
+(``SNIFF_LINES`` non-blank lines, all not JSON objects with a ``tokens`` list of
+integers: compressed or binary data, another schema such as ``{"input_ids": ...}``,
+a JSON array) is the file's, and refuses the corpus at open rather than quarantining
+every line.
 """
 
 from __future__ import annotations
@@ -37,6 +43,13 @@ from streampack.corpus.files import regular_file
 from streampack.corpus.masks import MaskSpec, labels_to_mask, mask_spec
 from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
 from streampack.errors import InternalError, InvalidConfig
+
+#: Non-blank lines read at open: a file where none is a document is refused.
+SNIFF_LINES = 8
+#: A line longer than this is not judged at open (its document is screened as usual).
+SNIFF_BYTES = 1 << 20
+#: Reasons that say the line is not this format's document at all.
+NOT_A_DOCUMENT = ("malformed", "wrong_dtype")
 
 
 class JsonlSource(SingleSource):
@@ -55,6 +68,7 @@ class JsonlSource(SingleSource):
                     f"JSON Lines file {str(path)!r} is empty (0 bytes); "
                     f"expected one document per line"
                 )
+            refuse_without_documents(path)
         self.num_documents: int | None = None
         where = f"JSON Lines file {str(self.paths[0])!r}" if self.paths else "JSON Lines"
         # The first line's fields stand for the file's: enough to catch a supervision
@@ -238,6 +252,34 @@ def _first_fields(paths: list[Path]) -> list[str]:
                         return []
                     return list(data) if isinstance(data, dict) else []
     return []
+
+
+def refuse_without_documents(path: Path) -> None:
+    """Refuse ``path`` when none of its first ``SNIFF_LINES`` non-blank lines is a
+    document (see module docstring); any one that is, good or bad on its own account
+    (a range, a token out of the vocabulary), or a line too long to judge, passes."""
+    first = None
+    seen = 0
+    with open(path, "rb") as handle:
+        while seen < SNIFF_LINES:
+            line = handle.readline(SNIFF_BYTES)
+            if not line:
+                break
+            if len(line) == SNIFF_BYTES and not line.endswith(b"\n"):
+                return
+            if not line.strip():
+                continue
+            seen += 1
+            record = parse_line(line, 0, f"line {seen}")
+            if record.reason not in NOT_A_DOCUMENT:
+                return
+            first = first or record
+    if first is not None:
+        raise InvalidConfig(
+            f"JSON Lines file {str(path)!r}: none of its first {seen} non-blank line(s) is "
+            f"a document (first: {first.detail}); expected one JSON object per line, "
+            f'{{"tokens": [integer token ids, ...]}}'
+        )
 
 
 def parse_line(line: bytes, source_id: int, location: str, spec: MaskSpec | None = None) -> Record:

@@ -9,6 +9,13 @@ A masked shard also has ``NAME.mask.npy``: its supervision mask (rule C5; see
 ``NAME.tokens.npy``. A source is masked when its entry says ``"mask": true`` or, with
 no ``mask`` key, when any of its shards has a mask file; then every shard must have
 one, of its tokens' length. ``"mask": false`` ignores mask files (train every token).
+
+Tokens of any other integer dtype, of either byte order (``>i4``, ``int64``, ``uint8``,
+...), are read all the same: each window takes its values into its own array, in the
+dtype tokens travel in, and the vocabulary screen judges the values. A dtype that
+holds no token ids (floats, booleans, text, records) refuses the corpus at open,
+naming the file and its dtype: a file-level problem gets a file-level answer, never a
+quarantine of every document it holds.
 """
 
 from __future__ import annotations
@@ -22,7 +29,6 @@ from streampack.corpus.offsets import OffsetsReader, Part, check_offsets
 from streampack.corpus.reader import BindingSpec
 from streampack.errors import InvalidConfig
 
-TOKEN_DTYPES = {np.dtype(np.int32), np.dtype(np.uint16), np.dtype(np.uint32)}
 MASK_DTYPES = {np.dtype(np.bool_), np.dtype(np.uint8)}
 
 
@@ -51,9 +57,15 @@ def open_shard(root: Path, name: str, masked: bool = False) -> Part:
         )
     if tokens.ndim != 1:
         raise InvalidConfig(f"shard {name!r}: tokens shape {tokens.shape}; expected 1-D")
+    if tokens.dtype.kind not in "iu":
+        raise InvalidConfig(
+            f"shard {name!r}: tokens {str(root / f'{name}.tokens.npy')!r} have dtype "
+            f"{tokens.dtype.str} ({tokens.dtype.name}); expected integer token ids: int32, "
+            f"uint16 or uint32 (any integer dtype of either byte order is read)"
+        )
     check_offsets(offsets, len(tokens), f"shard {name!r} ({str(offsets_path)!r})")
     mask = _open_mask(root, name, len(tokens)) if masked else None
-    return Part(name, tokens, offsets, tokens_are_integers=tokens.dtype in TOKEN_DTYPES, mask=mask)
+    return Part(name, tokens, offsets, mask=mask)
 
 
 def mask_path(root: Path, name: str) -> Path:
@@ -80,8 +92,7 @@ def _open_mask(root: Path, name: str, num_tokens: int) -> np.ndarray:
 
 
 class TokenShardSource(OffsetsReader):
-    """Token shards in manifest order (a shard whose tokens are not int32, uint16 or
-    uint32 is read, and its documents quarantined as ``wrong_dtype``)."""
+    """Token shards in manifest order (tokens of any integer dtype; see module)."""
 
     def __init__(
         self, root: Path, names: list[str], binding: BindingSpec, mask: bool | None = None

@@ -6,8 +6,8 @@
                                     plan_check     (exactly the contract's plan)
                                     Pipeline       (cut, in flight, assemble in order)
     consumer frames ─▶ on_consumer ─▶ Delivery     (ready, pending, tail, rewind)
-    tick(now)       ──▶ heartbeats, window deadlines, consumer expiry
-    pump(now)       ──▶ hand windows to workers with credit
+    tick(now)       ──▶ heartbeats, window deadlines, consumer expiry, overdue windows
+    pump(now)       ──▶ hand windows to workers with credit: reissues, backups, cuts
 
 It sends through two callables (``send_worker``, ``send_consumer``) that return
 False when a peer cannot be reached; ``producer.py`` binds them to ZeroMQ
@@ -18,19 +18,23 @@ model") that concerns a message is enforced here:
   an ``error`` message is never answered (two peers can never ping-pong errors);
 - a worker may speak only about windows it holds: ``packed``/``failed`` for any other
   window is rejected and counted (or, for a window taken back from it, dropped as
-  stale); every number it reports is range-checked before it touches a counter;
+  stale; for one whose backup copy was answered first, dropped as a duplicate);
+  every number it reports is range-checked before it touches a counter;
 - a plan is accepted only when it is exactly the contract's plan of the window;
   anything else is refused and counted, and the window goes to another worker;
 - a credit offer above ``MAX_CREDIT`` is clamped (counted), never answered with an
   error; an unproven worker holds one window at a time;
 - every window handed out has a deadline (``window_timeout``); a worker that misses
-  one is dropped and its windows go elsewhere;
+  one is dropped and its windows go elsewhere; before that, a window overdue against
+  the windows observed gets a backup copy on another worker (``backup_after``), and
+  the first answer that passes the plan check is the window's, whoever sends it;
 - peer text (error strings, audit notes) reaches the log only through ``repr``, so it
   cannot forge a log line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -44,9 +48,9 @@ from ..settings import ProducerSettings
 from ..windows import CutSpec
 from .counters import ProducerCounters, check_reported
 from .delivery import Delivery, Send
-from .pipeline import Assembled, EpochTotal, Pipeline
+from .pipeline import Assembled, EpochTotal, Pipeline, WindowState
 from .plan_check import check_plan
-from .registry import MAX_CREDIT, WorkerRegistry
+from .registry import MAX_CREDIT, WindowKey, WorkerRecord, WorkerRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +59,16 @@ logger = logging.getLogger(__name__)
 MAX_STATED_CREDIT = 1 << 31
 #: Longest a worker may claim to have spent on one window (seconds).
 MAX_PACK_SECONDS = 1e6
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """A ``packed``/``failed`` answer from a worker holding its window."""
+
+    key: WindowKey
+    state: WindowState
+    worker: WorkerRecord
+    blamed: bool  # a loss of the window here counts toward MAX_LOSSES (see registry)
 
 
 def receive_limit(settings: ProducerSettings, plan_bytes: int = 0) -> int:
@@ -122,6 +136,8 @@ class Coordinator:
             window_budget_bytes=settings.window_budget_bytes,
             quarantine=self._quarantine,
             counters=self.counters,
+            backup_after=settings.backup_after if settings.backups else None,
+            window_timeout=settings.window_timeout,
         )
         self.delivery = Delivery(
             tail=settings.tail,
@@ -142,89 +158,124 @@ class Coordinator:
         self.metrics: Any = None  # service.metrics.ProducerMetrics, while metrics are served
         self._clamp_logged: set[bytes] = set()
         self._budget_warned = False  # the reorder budget cannot hold a drop tail's group
+        self._backup_threshold = self.pipeline.backup_threshold()
+        self._worker_handlers: dict[str, Callable[[bytes, wire.Message, float], None]] = {
+            "error": self._on_worker_error,
+            "ready": self._on_credit,
+            "heartbeat": self._on_credit,
+            "packed": self._on_packed,
+            "failed": self._on_failed,
+        }
 
     # -- workers -------------------------------------------------------------------
 
     def on_worker(self, identity: bytes, frames: Sequence[Any], now: float) -> None:
-        """One message from the worker endpoint."""
+        """One message from the worker endpoint: decoded, then handled by the method its
+        kind names in ``_worker_handlers``."""
         self.delivery.now = now
         if self.registry.is_dropped(identity, now):
             self.counters.add("rejected_worker")  # it missed a deadline: ignored a while
             return
         try:
             message = wire.decode(frames, self.limits)
-            self._worker_message(identity, message, now)
+            handler = self._worker_handlers.get(message.kind)
+            if handler is None:
+                raise ProtocolError(f"{message.kind!r} is not a worker message")
+            handler(identity, message, now)
         except ProtocolError as exc:
             self.counters.add("rejected_worker")
             self.warn(f"producer: rejected a message from worker {identity.hex()}: {exc}")
             self.send_worker(identity, "error", {"message": str(exc)[:1000]}, None)
 
-    def _worker_message(self, identity: bytes, message: wire.Message, now: float) -> None:
-        kind, fields = message.kind, message.fields
-        if kind == "error":  # our message was refused; answering would start a ping-pong
-            self.counters.add("peer_errors")
-            self.warn(
-                f"producer: worker {identity.hex()} refused a message: {fields['message'][:500]!r}"
+    def _on_worker_error(self, identity: bytes, message: wire.Message, now: float) -> None:
+        """Our message was refused; answering would start a ping-pong."""
+        self.counters.add("peer_errors")
+        self.warn(
+            f"producer: worker {identity.hex()} refused a message: "
+            f"{message.fields['message'][:500]!r}"
+        )
+
+    def _on_credit(self, identity: bytes, message: wire.Message, now: float) -> None:
+        """``ready`` (credit offered) or ``heartbeat`` (alive; re-registers after a
+        producer restart with the credit it states as free)."""
+        ready = message.kind == "ready"
+        fields = message.fields
+        stated = fields["credit"] if ready else fields["free"]
+        check_reported("credit" if ready else "free", stated, MAX_STATED_CREDIT)
+        if ready and stated == 0:
+            raise ProtocolError("credit 0: a ready message offers at least 1 window")
+        known = self.registry.get(identity) is not None
+        worker = self.registry.register(identity, now)
+        if worker is None:
+            raise ProtocolError(
+                f"this producer already serves {len(self.registry)} workers; try again later"
             )
-            return
-        if kind in ("ready", "heartbeat"):
-            stated = fields["credit"] if kind == "ready" else fields["free"]
-            check_reported("credit" if kind == "ready" else "free", stated, MAX_STATED_CREDIT)
-            if kind == "ready" and stated == 0:
-                raise ProtocolError("credit 0: a ready message offers at least 1 window")
-            known = self.registry.get(identity) is not None
-            worker = self.registry.register(identity, now)
-            if worker is None:
-                raise ProtocolError(
-                    f"this producer already serves {len(self.registry)} workers; try again later"
+        if not known:
+            self.counters.add("workers_joined")
+        worker.needs_tokens = fields["needs_tokens"]
+        if (ready or not known) and not self.registry.offer(worker, stated):
+            self.counters.add("credit_clamped")
+            if identity not in self._clamp_logged and len(self._clamp_logged) < 1024:
+                self._clamp_logged.add(identity)
+                self.warn(
+                    f"producer: worker {identity.hex()} offered credit {stated}; "
+                    f"a worker holds at most {MAX_CREDIT} windows (clamped)"
                 )
-            if not known:
-                self.counters.add("workers_joined")
-            worker.needs_tokens = fields["needs_tokens"]
-            if kind == "ready" or not known:  # a heartbeat re-registers after a restart
-                if not self.registry.offer(worker, stated):
-                    self.counters.add("credit_clamped")
-                    if identity not in self._clamp_logged and len(self._clamp_logged) < 1024:
-                        self._clamp_logged.add(identity)
-                        self.warn(
-                            f"producer: worker {identity.hex()} offered credit {stated}; "
-                            f"a worker holds at most {MAX_CREDIT} windows (clamped)"
-                        )
-            return
-        if kind not in ("packed", "failed"):
-            raise ProtocolError(f"{kind!r} is not a worker message")
+
+    def _answered(self, identity: bytes, message: wire.Message, now: float) -> Answer | None:
+        """The window a ``packed``/``failed`` answer is about, which ``identity`` holds;
+        None when the answer is to be dropped (stale: the window was taken back from
+        it; a duplicate: another copy was answered first). Raises ``ProtocolError``
+        when ``identity`` does not hold that window."""
         worker = self.registry.get(identity)
         if worker is not None:
             worker.last_seen = now
-        key = (fields["epoch"], fields["window"])
-        if kind == "packed":
-            for name in ("audited", "audit_failures"):
-                check_reported(name, fields[name], 1 << 31)
-            check_reported("seconds", fields["seconds"], MAX_PACK_SECONDS)
+        key = (message.fields["epoch"], message.fields["window"])
         held = self.registry.answer(identity, key)
         if held == "stale":
             self.counters.add("stale_dropped")
-            return
+            return None
+        if held == "duplicate":
+            self.counters.add("duplicates_dropped")
+            return None
         state = self.pipeline.inflight.get(key)
-        if held == "foreign" or state is None or state.holder != identity:
+        if held == "foreign" or state is None or identity not in state.holders:
             raise ProtocolError(
                 f"window {key} was not given to this worker (or was "
                 f"answered already); a worker may only answer its windows"
             )
         assert worker is not None  # it held the window
-        blamed = worker.proven and held == "oldest"  # see registry: what a loss may count
-        if kind == "failed":
-            self.counters.add("windows_failed_by_worker")
-            self.warn(
-                f"producer: worker {identity.hex()} failed window {key}: "
-                f"{fields['error'][:500]!r}; the contract plans it, so it goes elsewhere"
-            )
-            self.pipeline.release(key, loss=blamed, why=f"reported {fields['error'][:200]!r}")
-            self._assemble()
+        # See registry: what a loss may count against.
+        return Answer(key, state, worker, blamed=worker.proven and held == "oldest")
+
+    def _on_failed(self, identity: bytes, message: wire.Message, now: float) -> None:
+        """The holder could not pack its window. The contract plans it (the producer
+        checked), so the window goes elsewhere."""
+        answer = self._answered(identity, message, now)
+        if answer is None:
             return
+        error = message.fields["error"]
+        self.counters.add("windows_failed_by_worker")
+        self.warn(
+            f"producer: worker {identity.hex()} failed window {answer.key}: "
+            f"{error[:500]!r}; the contract plans it, so it goes elsewhere"
+        )
+        self._release(answer.key, identity, loss=answer.blamed, why=f"reported {error[:200]!r}")
+        self._assemble()
+
+    def _on_packed(self, identity: bytes, message: wire.Message, now: float) -> None:
+        """A plan: accepted only when it is exactly the contract's plan of the window."""
+        fields = message.fields
+        for name in ("audited", "audit_failures"):
+            check_reported(name, fields[name], 1 << 31)
+        check_reported("seconds", fields["seconds"], MAX_PACK_SECONDS)
+        answer = self._answered(identity, message, now)
+        if answer is None:
+            return
+        key, state = answer.key, answer.state
         batches = state.plan.batches
         if not fields["audited"] <= batches or not fields["audit_failures"] <= fields["audited"]:
-            self.pipeline.release(key, loss=False, why="out-of-range audit counts")
+            self._release(key, identity, loss=False, why="out-of-range audit counts")
             raise ProtocolError(
                 f"audited={fields['audited']} audit_failures="
                 f"{fields['audit_failures']}: need audit_failures <= audited "
@@ -241,9 +292,9 @@ class Coordinator:
             )
         except ProtocolError:
             self.counters.add("plans_refused")
-            self.pipeline.release(key, loss=False, why="refused plan")
+            self._release(key, identity, loss=False, why="refused plan")
             raise
-        worker.completed += 1
+        answer.worker.completed += 1
         self.counters.add("audited", fields["audited"])
         self.counters.add("audit_failures", fields["audit_failures"])
         self.counters.pack_seconds += fields["seconds"]
@@ -252,9 +303,19 @@ class Coordinator:
         if fields["audit_error"]:
             self.counters.last_audit_error = fields["audit_error"][:500]
             self.warn(f"producer: audit failures in window {key}: {fields['audit_error'][:1000]!r}")
-        self.counters.add("batches_received", self.pipeline.accept(key))
+        self.counters.add("batches_received", self.pipeline.accept(key, identity, now))
+        self._outrun(key)
         self.counters.peak("reorder_bytes_peak", self.reorder_bytes)
         self._assemble()
+
+    def _release(self, key: WindowKey, identity: bytes, *, loss: bool, why: str) -> None:
+        """``identity`` no longer packs ``key`` (see ``Pipeline.release``)."""
+        self.pipeline.release(key, identity, loss=loss, why=why)
+        self._outrun(key)  # quarantined whole: copies still held elsewhere are duplicates
+
+    def _outrun(self, key: WindowKey) -> None:
+        for other in self.pipeline.outrun(key):
+            self.registry.outrun(other, key)
 
     # -- consumers -----------------------------------------------------------------
 
@@ -319,7 +380,7 @@ class Coordinator:
                 f"producer: worker {identity.hex()} silent for more than "
                 f"{self.settings.heartbeat_timeout}s; reissuing {len(held)} window(s)"
             )
-            self._release_all(held, blamed, "silent")
+            self._release_all(identity, held, blamed, "silent")
         for identity, key in self.registry.overdue(now):
             if self.registry.get(identity) is None:
                 continue  # dropped with an earlier overdue window of the same worker
@@ -331,26 +392,34 @@ class Coordinator:
                 f"({self.settings.window_timeout}s); dropped, reissuing {len(held)} "
                 f"window(s)"
             )
-            self._release_all(held, blamed, "missed its deadline")
+            self._release_all(identity, held, blamed, "missed its deadline")
         self.delivery.expire(now)
+        self._backup_threshold = self.pipeline.plan_backups(now)
 
     def _release_all(
-        self, held: list[tuple[int, int]], blamed: tuple[int, int] | None, why: str
+        self, identity: bytes, held: list[WindowKey], blamed: WindowKey | None, why: str
     ) -> None:
         for key in held:
-            self.pipeline.release(key, loss=key == blamed, why=why)
+            self._release(key, identity, loss=key == blamed, why=why)
         self._assemble()
 
     def pump(self, now: float) -> None:
-        """Hand windows to workers with credit: reissues first, then new cuts."""
+        """Hand windows to workers with credit: reissues first, then backup copies of
+        overdue windows (to workers not lagging themselves), then new cuts."""
         workers = self.registry.with_capacity()
-        alone = len(self.registry) == 1
+        # A reissue prefers another worker than the last holder, when one has room: a
+        # registered worker without credit (a hung one, say) must not keep it waiting.
+        alone = len(workers) == 1
         for identity, worker in workers:
             while worker.capacity > 0:
                 state = self.pipeline.next_reissue(identity, alone)
                 if state is not None:
                     self.counters.add("windows_reissued")
+                    backup = False
                 else:
+                    state = self._next_backup(identity, now)
+                    backup = state is not None
+                if state is None:
                     if not self.started or not self._room_to_cut():
                         return
                     state = self.pipeline.cut()
@@ -367,12 +436,23 @@ class Coordinator:
                     self._fit_limits(state.plan.occurrences.nbytes + 8 * state.plan.batches)
                 key = (state.window.epoch, state.window.index)
                 if not self._send_window(identity, state.window, worker.needs_tokens):
-                    self.registry.forget(identity)
-                    self.pipeline.release(key, loss=False, why="unreachable")
+                    # Gone: every window it held goes elsewhere, this one too (a
+                    # reissue or a cut has no other holder; a backup copy keeps its).
+                    held, _ = self.registry.forget(identity)
+                    self._release_all(identity, [*held, key], None, "unreachable")
                     break
-                self.pipeline.hand_to(state, identity)
+                self.pipeline.hand_to(state, identity, now, backup=backup)
                 self.registry.give(identity, key, now)
                 self.counters.add("windows_issued")
+
+    def _next_backup(self, identity: bytes, now: float) -> WindowState | None:
+        """A backup copy for ``identity``, unless it lags itself: a worker that has held
+        a window as long as the threshold may be the slow one."""
+        if not self.pipeline.backups or self.registry.lagging(
+            identity, now, self._backup_threshold
+        ):
+            return None
+        return self.pipeline.next_backup(identity)
 
     def _room_to_cut(self) -> bool:
         budget = self.settings.reorder_budget_bytes

@@ -34,6 +34,8 @@ class ProducerCounters:
     windows_completed: int = 0  # windows whose batches were numbered
     windows_failed: int = 0  # windows quarantined whole
     windows_overdue: int = 0  # windows taken back at their deadline
+    windows_backed_up: int = 0  # backup copies of overdue windows handed to another worker
+    backup_wins: int = 0  # windows whose first answer that passed the plan check was a copy's
     windows_failed_by_worker: int = 0  # 'failed' answers (the contract plans the window)
     plans_refused: int = 0  # plans that were not exactly the contract's
     batches_received: int = 0

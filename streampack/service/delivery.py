@@ -26,9 +26,17 @@ Bounds and why nothing wedges:
 
 - Every consumer is heard from at least every few seconds while it waits (the client
   resends outstanding fetches after silence), so one silent for ``consumer_timeout``
-  is forgotten with its fetches; at most ``MAX_CONSUMERS`` are kept (the least
-  recently heard goes first), each with at most ``MAX_PENDING_PER_CONSUMER`` keys, at
-  most ``MAX_PENDING`` in all. A resend of a pending key is a no-op.
+  is forgotten with its fetches. A resend of a pending key is a no-op. The tables are
+  bounded, and strangers cannot crowd a rank out of them:
+
+  - at most ``MAX_PENDING_PER_CONSUMER`` keys per consumer, ``MAX_PENDING`` in all.
+    Past that, the consumer holding the *most* keys is forgotten first (the least
+    recently heard among equals): a per-identity share, so a consumer holding at most
+    ``FAIR_SHARE = MAX_PENDING // MAX_CONSUMERS`` keys (64; a client asks for 4) is
+    never forgotten for room, however many strangers ask for whatever;
+  - at most ``MAX_CONSUMERS`` consumers. Past that, the least recently heard consumer
+    that was never answered a batch goes first, and a consumer that was (a rank at
+    work) only when no such stranger is left; a newcomer is never refused.
 - A rewind frees every ready batch at or past the rewind point: the replay numbers
   the very same batches again, so holding them would only keep the budget full.
 - The reorder budget never blocks a batch someone waits for. When cutting is stopped
@@ -74,6 +82,8 @@ Send = Callable[[bytes, str, dict[str, Any], dict[str, Any] | None], bool]
 MAX_PENDING_PER_CONSUMER = 1024
 MAX_CONSUMERS = 1024
 MAX_PENDING = 1 << 16
+#: Keys a consumer may hold and never be forgotten to make room for others' (see above).
+FAIR_SHARE = MAX_PENDING // MAX_CONSUMERS
 MAX_WORLD_SIZE = 1 << 16
 #: Largest epoch or batch index a fetch may name (keeps every key a small integer).
 MAX_KEY = 1 << 48
@@ -106,6 +116,7 @@ class Consumer:
     after: Key | None = None  # the key after the last one it was answered
     # Epoch -> base of the rank's share in it (an elastic resume; 0 when absent).
     bases: dict[int, int] = dataclasses.field(default_factory=dict)
+    served: bool = False  # it was answered a batch: a rank at work, not a stranger
 
     def floor(self) -> Key | None:
         """The lowest key it may still ask for (None: it asked for nothing live)."""
@@ -124,7 +135,9 @@ class Consumer:
         return per_rank, base + per_rank * self.world_size
 
     def answered(self, key: Key) -> float | None:
-        """Forget ``key``; returns when it was asked for (None: it was not pending)."""
+        """``key`` was sent to it: forget the key; returns when it was asked for (None:
+        it was not pending)."""
+        self.served = True
         asked = self.pending.pop(key, None)
         nxt = (key[0], key[1] + self.world_size)
         if self.after is None or nxt > self.after:
@@ -240,7 +253,8 @@ class Delivery:
                 first = (key[0], step_range(key[1], world, self.steps.accumulation, base)[0])
                 if behind and (rewind_to is None or first < rewind_to):
                     rewind_to = first
-        self._bound_pending(identity)
+        if not self._bound_pending(identity):
+            return None  # it was itself forgotten for room: nothing to replay for it
         return rewind_to
 
     def _answer(self, identity: bytes, consumer: Consumer, key: Key) -> str:
@@ -517,14 +531,18 @@ class Delivery:
         for key in consumer.pending:
             self._unpend(identity, key)
 
-    def _bound_pending(self, keep: bytes) -> None:
-        """At most ``MAX_CONSUMERS`` consumers and ``MAX_PENDING`` fetches: the least
-        recently heard go first (a live one is heard again within seconds and resends)."""
-        while len(self.consumers) > MAX_CONSUMERS or self.pending_count > MAX_PENDING:
-            oldest = next(iter(self.consumers))
-            if oldest == keep:
-                break
-            self._forget_consumer(oldest)
+    def _bound_pending(self, keep: bytes) -> bool:
+        """Hold the tables to their bounds (see module docstring) after a fetch from
+        ``keep``. Returns False when ``keep`` itself was forgotten: it held the most."""
+        while len(self.consumers) > MAX_CONSUMERS:
+            others = [i for i in self.consumers if i != keep]  # least recently heard first
+            self._forget_consumer(
+                next((i for i in others if not self.consumers[i].served), others[0])
+            )
+        while self.pending_count > MAX_PENDING:
+            # max() keeps the first of equals: the least recently heard.
+            self._forget_consumer(max(self.consumers, key=lambda i: len(self.consumers[i].pending)))
+        return keep in self.consumers
 
     def stats(self) -> dict[str, int]:
         return {

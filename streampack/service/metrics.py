@@ -91,6 +91,14 @@ PRODUCER_COUNTERS: dict[str, tuple[str, str]] = {
     ),
     "windows_completed": ("streampack_windows_completed", "Windows whose batches were numbered"),
     "windows_failed": ("streampack_windows_failed", "Windows quarantined whole"),
+    "windows_backed_up": (
+        "streampack_windows_backed_up",
+        "Backup copies of overdue windows handed to another worker",
+    ),
+    "backup_wins": (
+        "streampack_backup_wins",
+        "Windows whose first answer that passed the plan check came from a backup copy",
+    ),
     "duplicates_dropped": (
         "streampack_duplicates_dropped",
         "Results of windows already complete, dropped",

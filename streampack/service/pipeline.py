@@ -17,10 +17,13 @@ State (every field below is all there is):
 
 - ``cut_epoch``/``cut_next``: the next window to cut; ``windows_in_epoch[e]``: how
   many windows epoch ``e`` has, once cut to its end.
-- ``inflight``: windows cut and not yet numbered; ``reissue``: those of them waiting
-  for a worker (sorted, lowest first). ``window_bytes`` (windows and their plans)
-  and ``received_bytes`` (batches of answered windows not yet numbered) are what
-  they hold.
+- ``inflight``: windows cut and not yet numbered, each with the workers holding it
+  and since when; ``reissue``: those of them waiting for a worker (sorted, lowest
+  first); ``backups``: those overdue for a backup copy (see below), the one the
+  stream waits on first. ``window_bytes`` (windows and their plans) and
+  ``received_bytes`` (batches of answered windows not yet numbered) are what they
+  hold. ``durations``: how long the last ``RECENT_WINDOWS`` answered windows took,
+  from hand-out to the first answer that passed the plan check.
 - ``asm_epoch``/``asm_window``/``asm_index``: the next window to number and the global
   index its first batch gets (the *assembly point*). ``counts[e]``: batches per
   numbered window; ``totals[e]``: the batches of a finished epoch. Both are kept for
@@ -30,12 +33,28 @@ State (every field below is all there is):
 A *rewind* to (epoch, index) restarts the pipeline at the window holding that batch:
 windows in flight are forgotten (their late answers are stale), and numbering replays
 identically, because windows depend on the corpus and settings alone.
+
+*Backups* (speculative copies, as MapReduce's backup tasks and Spark's speculation):
+a window whose latest copy was handed out ``backup_threshold()`` seconds ago or more
+— ``BACKUP_P95_FACTOR`` times the p95 of ``durations``, at least ``backup_after`` —
+goes to one more worker, up to ``MAX_COPIES`` at once, the window at the assembly
+point (the one the ordered stream waits on) first. The first answer that passes the
+plan check is the window's; the others are duplicates. Any answer that passes is the
+contract's plan, so which copy wins never shows in the output::
+
+    t=0    window 7 ─▶ worker A            (A hangs, heartbeating)
+    t=1.0  7 overdue: a copy ─▶ worker B   windows_backed_up += 1
+    t=1.0+ B answers, the plan passes      backup_wins += 1; 7 is numbered
+    later  A answers: a duplicate, dropped (duplicates_dropped) — or A never does,
+           and at window_timeout it is dropped for the deadline, as without backups
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,6 +71,12 @@ WindowKey = tuple[int, int]
 KEPT_EPOCHS = 4
 #: Epochs whose batch totals are kept (the tail answers of consumers far behind).
 KEPT_TOTALS = 1024
+#: Workers that may hold one window at once: the first and up to two backup copies.
+MAX_COPIES = 3
+#: Answered windows whose durations decide when a window is overdue for a backup.
+RECENT_WINDOWS = 64
+#: A window is overdue for a backup at this many times the recent p95 (or backup_after).
+BACKUP_P95_FACTOR = 4.0
 
 
 @dataclasses.dataclass
@@ -60,7 +85,10 @@ class WindowState:
 
     window: Window
     plan: ContractPlan
-    holder: bytes | None = None  # the worker packing it
+    # The workers packing it, each with when it was handed the window (at most
+    # MAX_COPIES); those that got it as a backup copy are also in ``backups``.
+    holders: dict[bytes, float] = dataclasses.field(default_factory=dict)
+    backups: set[bytes] = dataclasses.field(default_factory=set)
     last_holder: bytes | None = None  # reissues prefer another worker
     losses: int = 0  # proven workers that died, failed or overran while packing it
     batches: list[CompactBatch] | None = None  # once answered (or known empty)
@@ -69,6 +97,11 @@ class WindowState:
     @property
     def nbytes(self) -> int:
         return self.window.nbytes + self.plan.nbytes
+
+    @property
+    def awaited(self) -> bool:
+        """Held by some worker and not answered yet."""
+        return bool(self.holders) and self.batches is None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +137,8 @@ class Pipeline:
         window_budget_bytes: int,
         quarantine: Callable[[list[dict[str, Any]]], None],
         counters: ProducerCounters,
+        backup_after: float | None = None,
+        window_timeout: float = math.inf,
     ) -> None:
         self.source = source
         self.counters = counters
@@ -113,6 +148,8 @@ class Pipeline:
         self.epochs = epochs
         self.window_budget_bytes = window_budget_bytes
         self.quarantine = quarantine  # receives quarantine records, once per document
+        self.backup_after = backup_after  # None: no backup copies
+        self.window_timeout = window_timeout  # a backup later than the deadline is no backup
 
         self.cut_epoch = 0
         self.cut_next = 0
@@ -123,6 +160,8 @@ class Pipeline:
 
         self.inflight: dict[WindowKey, WindowState] = {}
         self.reissue: list[WindowKey] = []
+        self.backups: list[WindowKey] = []
+        self.durations: collections.deque[float] = collections.deque(maxlen=RECENT_WINDOWS)
         self.window_bytes = 0
         self.received_bytes = 0
 
@@ -230,10 +269,10 @@ class Pipeline:
 
     def next_reissue(self, identity: bytes, alone: bool) -> WindowState | None:
         """The lowest window awaiting reissue that ``identity`` may take: not one it
-        was last given, unless it is the only worker (``alone``)."""
+        was last given, unless it is the only worker with room (``alone``)."""
         for position, key in enumerate(self.reissue):
             state = self.inflight.get(key)
-            if state is None or state.holder is not None or state.batches is not None:
+            if state is None or state.holders or state.batches is not None:
                 continue
             if state.last_holder == identity and not alone:
                 continue
@@ -243,38 +282,89 @@ class Pipeline:
             k
             for k in self.reissue
             if k in self.inflight
-            and self.inflight[k].holder is None
+            and not self.inflight[k].holders
             and self.inflight[k].batches is None
         ]
         return None
 
-    def hand_to(self, state: WindowState, identity: bytes) -> None:
-        state.holder = identity
-        state.last_holder = identity
+    def backup_threshold(self) -> float:
+        """Seconds after which a window's latest copy is overdue for another:
+        ``BACKUP_P95_FACTOR`` times the p95 of the recent windows, at least
+        ``backup_after`` (infinite when backups are off)."""
+        if self.backup_after is None:
+            return math.inf
+        if not self.durations:
+            return self.backup_after
+        recent = sorted(self.durations)
+        p95 = recent[math.ceil(0.95 * len(recent)) - 1]
+        return max(self.backup_after, BACKUP_P95_FACTOR * p95)
 
-    def release(self, key: WindowKey, *, loss: bool, why: str) -> bool:
-        """The holder of ``key`` lost it (died, overran its deadline, reported failure).
-        With ``loss`` (a proven worker, see registry) it counts toward ``MAX_LOSSES``;
-        the window is quarantined whole when it reaches it, else reissued. Returns
-        True when the window was quarantined."""
+    def plan_backups(self, now: float) -> float:
+        """List the windows overdue for a backup copy (``backups``): the one at the
+        assembly point first, then in window order. Returns the threshold used."""
+        threshold = self.backup_threshold()
+        if threshold >= self.window_timeout:
+            self.backups = []  # the deadline comes first: it reissues the window
+            return threshold
+        head = (self.asm_epoch, self.asm_window)
+        self.backups = sorted(
+            (
+                key
+                for key, state in self.inflight.items()
+                if state.awaited
+                and len(state.holders) < MAX_COPIES
+                and now - max(state.holders.values()) >= threshold
+            ),
+            key=lambda key: (key != head, key),
+        )
+        return threshold
+
+    def next_backup(self, identity: bytes) -> WindowState | None:
+        """The first window overdue for a backup that ``identity`` does not hold."""
+        for position, key in enumerate(self.backups):
+            state = self.inflight.get(key)
+            if (
+                state is None
+                or not state.awaited
+                or len(state.holders) >= MAX_COPIES
+                or identity in state.holders
+            ):
+                continue
+            del self.backups[position]
+            return state
+        return None
+
+    def hand_to(self, state: WindowState, identity: bytes, now: float, *, backup: bool) -> None:
+        """``identity`` packs the window from ``now`` (a ``backup`` copy: others hold it)."""
+        state.holders[identity] = now
+        state.last_holder = identity
+        if backup:
+            state.backups.add(identity)
+            self.counters.add("windows_backed_up")
+
+    def release(self, key: WindowKey, identity: bytes, *, loss: bool, why: str) -> None:
+        """``identity`` lost ``key`` (died, overran its deadline, reported failure, sent
+        an unusable plan). With ``loss`` (a proven worker, see registry) it counts
+        toward ``MAX_LOSSES``: the window is quarantined whole when it reaches it, else
+        it is reissued once no other worker holds a copy."""
         state = self.inflight.get(key)
         if state is None or state.batches is not None:
-            return False
-        state.holder = None
+            return
+        state.holders.pop(identity, None)
+        state.backups.discard(identity)
         if loss:
             state.losses += 1
             if state.losses >= MAX_LOSSES:
                 self._quarantine_whole(
                     state, f"{state.losses} workers were lost packing this window; last: {why}"
                 )
-                return True
-        if key not in self.reissue:
+                return
+        if not state.holders and key not in self.reissue:
             bisect.insort(self.reissue, key)
-        return False
 
-    def accept(self, key: WindowKey) -> int:
-        """The holder answered ``key`` with the contract's plan: its batches are
-        built from the producer's own plan and window. Returns how many."""
+    def accept(self, key: WindowKey, identity: bytes, now: float) -> int:
+        """``identity`` answered ``key`` first, with the contract's plan: its batches
+        are built from the producer's own plan and window. Returns how many."""
         state = self.inflight[key]
         batches = plan_batches(
             state.window,
@@ -284,11 +374,24 @@ class Pipeline:
             self.config.max_rows_per_batch,
             self.config.policy,
         )
-        state.holder = None
+        self.durations.append(max(0.0, now - state.holders.pop(identity)))
+        if identity in state.backups:
+            self.counters.add("backup_wins")
         state.batches = batches
         state.batch_bytes = sum(batch.nbytes for batch in batches)
         self.received_bytes += state.batch_bytes
         return len(batches)
+
+    def outrun(self, key: WindowKey) -> list[bytes]:
+        """The workers still holding ``key`` once it is answered or quarantined (their
+        answers will be duplicates); forgotten here."""
+        state = self.inflight.get(key)
+        if state is None or state.batches is None:
+            return []
+        others = list(state.holders)
+        state.holders.clear()
+        state.backups.clear()
+        return others
 
     # -- assembly ------------------------------------------------------------------
 
@@ -346,18 +449,17 @@ class Pipeline:
     def rewind(self, epoch: int, index: int) -> tuple[int, list[tuple[bytes, WindowKey]]]:
         """Restart at the window of ``epoch`` holding batch ``index`` (window 0 when that
         epoch's counts are not known). Returns the global index of that window's first
-        batch and the (worker, window) pairs taken back from streampack.service."""
+        batch and the (worker, window) pairs taken back from their workers."""
         window, base = 0, 0
         for count in self.counts.get(epoch, []):
             if base + count > index:
                 break
             base += count
             window += 1
-        taken = [
-            (state.holder, key) for key, state in self.inflight.items() if state.holder is not None
-        ]
+        taken = [(holder, key) for key, state in self.inflight.items() for holder in state.holders]
         self.inflight.clear()
         self.reissue.clear()
+        self.backups.clear()
         self.window_bytes = 0
         self.received_bytes = 0
         self.asm_epoch, self.asm_window, self.asm_index = epoch, window, base

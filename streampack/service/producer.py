@@ -30,7 +30,10 @@ Properties and where they hold:
   about a window the peer never held is rejected.
 - *Worker failure* (registry, coordinator). A worker silent for ``heartbeat_timeout``
   loses its windows; a window not answered within ``window_timeout`` goes elsewhere
-  and its worker is dropped. A window whose packing killed ``MAX_LOSSES`` proven
+  and its worker is dropped. Long before that, a window overdue against the windows
+  observed gets a backup copy on another worker (pipeline, ``backup_after``): the
+  first answer that passes the plan check wins, so a hung or slow worker costs the
+  stream about a second. A window whose packing killed ``MAX_LOSSES`` proven
   workers is quarantined whole (see registry: peers that merely connect and leave
   cannot reach that rule). A window the contract cannot pack is quarantined at once.
 - *Resume and any world size* (delivery). A consumer's cursor (epoch, next index) is

@@ -1,10 +1,18 @@
 """The producer's table of pack workers: credit, liveness, the windows each one holds.
 
 A worker is known by its socket identity. Its record says how many more windows it
-asked for (credit), when it was last heard from, which windows it holds and until when
-(each window handed out has a deadline), which windows were taken back from it (its
-late answers for those are stale, not hostile), and whether it has *proven* itself by
-answering a window with exactly the contract's plan.
+asked for (credit), when it was last heard from, which windows it holds and since when
+(each window handed out has a deadline, ``window_timeout`` after that), which of those
+another worker answered first (a backup copy won: its own answer, when it comes, is a
+duplicate), which windows were taken back from it (its late answers for those are
+stale, not hostile), and whether it has *proven* itself by answering a window with
+exactly the contract's plan.
+
+A window outrun by a backup stays held, deadline and all: a slow worker is not
+punished for being slow (its late answer is dropped as a duplicate, and it goes on),
+but a hung one still misses the deadline and is dropped, and until then the window
+it sits on keeps its slot, so it cannot take one window after another and hang on
+each.
 
 Why "proven" matters: a window whose worker disappears is reissued; a window that
 keeps killing the workers that pack it is eventually quarantined (``MAX_LOSSES``).
@@ -46,8 +54,10 @@ class WorkerRecord:
     credit: int
     last_seen: float
     needs_tokens: bool = False  # it audits, so its windows carry their tokens
-    # Windows it holds, in the order it got them, each with its deadline.
+    # Windows it holds, in the order it got them, each with when it got it.
     held: dict[WindowKey, float] = dataclasses.field(default_factory=dict)
+    # Those of them another worker answered first: the answer it owes is a duplicate.
+    outrun: set[WindowKey] = dataclasses.field(default_factory=set)
     completed: int = 0  # windows answered with exactly the contract's plan
 
     @property
@@ -126,19 +136,37 @@ class WorkerRegistry:
     def give(self, identity: bytes, key: WindowKey, now: float) -> None:
         worker = self.workers[identity]
         worker.credit -= 1
-        worker.held[key] = now + self.window_timeout
+        worker.held[key] = now
+        worker.outrun.discard(key)  # a replay handed the same window out again
 
     def answer(self, identity: bytes, key: WindowKey) -> str:
         """Account for an answer (``packed``/``failed``) about ``key`` from ``identity``:
         "oldest" (it held the window, and got it before any other it holds: the one it
-        was packing), "held" (it held it; no longer), "stale" (the window was taken back
-        from it: a late answer) or "foreign" (it never held it)."""
+        was packing), "held" (it held it; no longer), "duplicate" (it held it, but a
+        backup copy was answered first), "stale" (the window was taken back from it: a
+        late answer) or "foreign" (it never held it)."""
         worker = self.workers.get(identity)
         if worker is not None and key in worker.held:
             oldest = next(iter(worker.held)) == key
             del worker.held[key]
+            if key in worker.outrun:
+                worker.outrun.discard(key)
+                return "duplicate"
             return "oldest" if oldest else "held"
         return "stale" if self.released.pop((identity, key), 0) is None else "foreign"
+
+    def outrun(self, identity: bytes, key: WindowKey) -> None:
+        """Another worker answered ``key`` first: ``identity`` keeps holding it (the
+        deadline still applies) and its answer will be a duplicate."""
+        worker = self.workers.get(identity)
+        if worker is not None and key in worker.held:
+            worker.outrun.add(key)
+
+    def lagging(self, identity: bytes, now: float, after: float) -> bool:
+        """Whether the worker holds a window it was given ``after`` seconds ago or more
+        (no backup copy goes to a worker that may be the slow one)."""
+        worker = self.workers.get(identity)
+        return worker is not None and any(now - t >= after for t in worker.held.values())
 
     def _remember_released(self, identity: bytes, key: WindowKey) -> None:
         self.released[(identity, key)] = None
@@ -149,6 +177,7 @@ class WorkerRegistry:
         """The window is no longer this worker's (rewind, deadline): a late answer is stale."""
         worker = self.workers.get(identity)
         if worker is not None and worker.held.pop(key, None) is not None:
+            worker.outrun.discard(key)
             self._remember_released(identity, key)
 
     def silent(self, now: float) -> list[bytes]:
@@ -158,11 +187,12 @@ class WorkerRegistry:
 
     def overdue(self, now: float) -> list[tuple[bytes, WindowKey]]:
         """(worker, window) pairs whose deadline has passed."""
+        limit = now - self.window_timeout
         return [
             (identity, key)
             for identity, worker in self.workers.items()
-            for key, deadline in worker.held.items()
-            if deadline <= now
+            for key, given in worker.held.items()
+            if given <= limit
         ]
 
     def forget(self, identity: bytes) -> tuple[list[WindowKey], WindowKey | None]:

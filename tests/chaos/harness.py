@@ -16,7 +16,13 @@ What is checked, batch by batch:
 - a trainer restarted from a checkpoint, also one behind what it had already received,
   receives exactly the rest, through to the end of the stream;
 - no trainer ends in an error, the producer never dies of a peer, and the whole run
-  finishes before its deadline (a hang is a failure, reported with what each rank had).
+  finishes before its deadline (a hang is a failure, reported with what each rank had);
+- no trainer waits longer than ``WAIT_BOUND`` for one batch, whatever the faults: a
+  hung worker (heartbeats, never answers) or a slow one (answers 5 s late) costs about
+  ``backup_after`` (1 s), since the trainers' timeout (``TRAINER_TIMEOUT``) is shorter
+  than ``window_timeout``. The slowest legitimate waits are a producer restart's and
+  those while no healthy worker is left (the real one stopped or replaced, only the
+  slow fake answering): 3 to 6 s in seeds 0-11 and 100-111 with those faults.
 
 A failure raises ``ChaosFailure`` with the seed, the schedule as it ran, the symptom
 and the command that replays the seed.
@@ -51,7 +57,8 @@ ENABLED = (
     "garbage",
     "shifted_plan",
     "other_window",
-    "silent_worker",
+    "hung_worker",
+    "slow_worker",
     "wrong_world_fetch",
     "unfit_plan",
     "foreign_failed",
@@ -71,7 +78,8 @@ PEER_KINDS = {
     "garbage",
     "shifted_plan",
     "other_window",
-    "silent_worker",
+    "hung_worker",
+    "slow_worker",
     "wrong_world_fetch",
     "unfit_plan",
     "foreign_failed",
@@ -80,6 +88,11 @@ PEER_KINDS = {
 }
 
 MAX_MESSAGE_BYTES = 1 << 20
+#: A trainer's timeout: shorter than window_timeout, so no trainer may wait on a hung
+#: worker until its deadline.
+TRAINER_TIMEOUT = 10.0
+#: The longest any trainer may wait for one batch in a run (see module docstring).
+WAIT_BOUND = 9.0
 
 
 class ChaosFailure(AssertionError):
@@ -145,8 +158,10 @@ class Plan:
             "reorder_budget_bytes": rng.choice([4096, 16384, 65536]),
             "window_budget_bytes": rng.choice([4096, 32768]),
             "heartbeat_timeout": 1.0,
-            # A window packs in milliseconds: a worker holding one for 3 s is not working.
-            "window_timeout": 3.0,
+            # Longer than a trainer's timeout (TRAINER_TIMEOUT): a hung worker that only
+            # this deadline took windows from would fail the run. Backup copies (after
+            # backup_after = 1 s) are what keeps the trainers fed.
+            "window_timeout": 30.0,
             # Trainers here resend after 1 s of silence, so 4 s without a word is a gone one.
             "consumer_timeout": 4.0,
             "max_message_bytes": MAX_MESSAGE_BYTES,
@@ -231,6 +246,7 @@ class Segment:
     start: tuple[int, int]
     position: int  # index into the rank's oracle list of ``start``
     received: int = 0
+    longest_wait: float = 0.0  # seconds, the longest next() of the segment
     checkpoints: list[dict[str, int]] = dataclasses.field(default_factory=list)
     ended: bool = False
     error: str = ""
@@ -318,7 +334,7 @@ class Run:
             "--checkpoint-every",
             str(self.plan.checkpoint_every),
             "--timeout",
-            "30",
+            str(TRAINER_TIMEOUT),
             "--resend-after",
             "1.0",
         ]
@@ -461,8 +477,9 @@ class Run:
             for n in range(6):
                 self._peer(self.worker_endpoint, fake_worker(rng, "vanish", 5.0), f"wave{n}")
         else:
-            behaviour = "silent" if kind == "silent_worker" else kind
-            life = 10 * 60.0 if kind == "silent_worker" else 5.0  # silent: until the end
+            behaviour = kind.removesuffix("_worker")
+            # Hung and slow workers stay until the end of the run (MAX_LIFE at most).
+            life = 10 * 60.0 if kind in ("hung_worker", "slow_worker") else 5.0
             self._peer(self.worker_endpoint, fake_worker(rng, behaviour, life), kind)
 
     def _continue(self, proc: subprocess.Popen, kill: bool = False) -> None:
@@ -489,8 +506,9 @@ class Run:
         for raw in data[:end].decode().splitlines():
             tag, _, rest = raw.partition(" ")
             if tag == "B":
-                e, g, digest = rest.split()
+                e, g, digest, waited = rest.split()
                 got = (int(e), int(g), digest)
+                segment.longest_wait = max(segment.longest_wait, float(waited))
                 at = segment.position + segment.received
                 want = stream[at] if at < len(stream) else None
                 if got != want:
@@ -586,10 +604,24 @@ class Run:
             "rejected_consumer",
             "stale_dropped",
             "replayed_dropped",
+            "windows_backed_up",
+            "backup_wins",
+            "duplicates_dropped",
             "batches_served",
             "epoch",
         )
         return json.dumps({k: status["stats"].get(k) for k in keep})
+
+    def longest_wait(self) -> tuple[float, str]:
+        """The longest any trainer waited for one batch, and which segment it was."""
+        return max(
+            (
+                (segment.longest_wait, f"rank {rank} segment {segment.number}")
+                for rank, segments in self.segments.items()
+                for segment in segments
+            ),
+            default=(0.0, "no trainer"),
+        )
 
     # -------------------------------------------------------------- the run
 
@@ -647,6 +679,12 @@ class Run:
             self._note(f"fault {fault.describe()} not reached: the stream ended first")
         if self.producer is None or self.producer.poll() is not None:
             raise self.failure("no producer running at the end")
+        waited, where = self.longest_wait()
+        if waited > WAIT_BOUND:
+            raise self.failure(
+                f"{where} waited {waited:.2f}s for one batch; no trainer may wait more than "
+                f"{WAIT_BOUND}s (a hung or slow worker costs about backup_after = 1 s)"
+            )
         if self._status().startswith("no answer"):
             raise self.failure("the producer does not answer a health probe at the end")
 

@@ -22,6 +22,7 @@ import zmq
 from streampack import wire
 
 MAX_LIFE = 60.0  # no peer outlives this, whatever the harness does
+SLOW_SECONDS = 5.0  # how late the slow worker answers
 
 
 class Peer(threading.Thread):
@@ -251,7 +252,10 @@ def fake_worker(rng: random.Random, behaviour: str, life: float) -> Callable[[Pe
     - ``foreign_failed``: ``failed`` for windows it was never given (none may be lost);
     - ``forged_counters``: ``packed`` with counters out of range, NaN seconds and a
       newline in its text (the producer must neither crash nor forge a log line);
-    - ``silent``: never answers, heartbeats for its whole life (the window must move on);
+    - ``hung``: never answers, heartbeats for its whole life (a hung process whose
+      heartbeat thread lives on: a backup copy of its window must move the stream on);
+    - ``slow``: answers every window it takes correctly, but ``SLOW_SECONDS`` late, for
+      its whole life (its copies win; its own answers are duplicates, never errors);
     - ``vanish``: takes a window and disappears at once; six of them in a row
       (``worker_wave``) must not get a window quarantined.
     """
@@ -293,16 +297,24 @@ def fake_worker(rng: random.Random, behaviour: str, life: float) -> Callable[[Pe
             return
         peer.send(wire.encode("ready", {"credit": 1, "needs_tokens": False}))
         next_beat = 0.0
+        late: list[tuple[float, wire.Message]] = []  # the slow worker's answers, when due
         while peer.alive() and time.monotonic() < end:
             if time.monotonic() >= next_beat:
                 heartbeat(peer)
                 next_beat = time.monotonic() + 0.2
+            while late and late[0][0] <= time.monotonic():
+                window = late.pop(0)[1]
+                peer.send(_packed(window, *_plan(window)))
+                peer.send(wire.encode("ready", {"credit": 1, "needs_tokens": False}))
             message = peer.receive(0.1)
             if message is None or message.kind != "window":
                 continue
             key = (message.fields["epoch"], message.fields["window"])
             peer.notes.append(f"took window {key}")
-            if behaviour == "silent":
+            if behaviour == "hung":
+                continue
+            if behaviour == "slow":
+                late.append((time.monotonic() + SLOW_SECONDS, message))
                 continue
             if behaviour == "vanish":
                 return

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from harness import Plan, replay_command, run_seed, selected_kinds
+from harness import WAIT_BOUND, Plan, replay_command, run_seed, selected_kinds
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
@@ -53,6 +53,8 @@ def test_every_rank_receives_exactly_the_digest_stream_under_faults(seed, tmp_pa
     run = run_seed(seed, tmp_path, KINDS)
     print(f"seed {seed}: {run.plan.describe()}")
     print("\n".join(run.events))
+    waited, where = run.longest_wait()
+    print(f"longest wait for a batch: {waited:.2f}s ({where}; bound {WAIT_BOUND}s)")
     print(f"replay: {replay_command(run.plan)}")
     assert all(segments[-1].ended for segments in run.segments.values())
 

@@ -5,7 +5,8 @@ pauses and restarts. It appends one line per event to ``--log`` (flushed at once
 ``kill -9`` loses at most a half-written last line, which the harness ignores)::
 
     S {"epoch": e, "index": g}      the cursor this segment starts from
-    B e g DIGEST                    a batch: its place and its per-batch digest
+    B e g DIGEST WAIT               a batch: its place, its per-batch digest and the
+                                    seconds ``next()`` waited for it
     C {"epoch": e, "index": g}      a checkpoint: ``state_dict()`` after the batch above
     END {"epoch": e, "index": g}    the stream ended; the final cursor
     E message                       the client raised: one line, then exit status 3
@@ -76,9 +77,15 @@ def main(argv: list[str] | None = None) -> int:
                 stream.load_state_dict(json.loads(args.state_in))
             _write(log, "S " + json.dumps(stream.state_dict()))
             received = 0
-            for batch in stream:
+            while True:
+                asked = time.monotonic()
+                try:
+                    batch = next(stream)
+                except StopIteration:
+                    break
+                waited = time.monotonic() - asked
                 epoch, index = stream.current
-                _write(log, f"B {epoch} {index} {batch_digest(batch, epoch, index)}")
+                _write(log, f"B {epoch} {index} {batch_digest(batch, epoch, index)} {waited:.3f}")
                 received += 1
                 if received % args.checkpoint_every == 0:
                     _write(log, "C " + json.dumps(stream.state_dict()))

@@ -149,21 +149,17 @@ def test_bad_documents_are_quarantined_with_reasons(tmp_path):
     assert details[4]["location"] == "docs.jsonl:5"
 
 
-def test_wrong_dtype_shard_and_huge_uint32_tokens_are_quarantined(tmp_path):
+def test_a_huge_uint32_token_is_its_documents_problem(tmp_path):
+    """A value out of the vocabulary is a document's problem (quarantined alone); a
+    shard of a dtype that holds no token ids is the file's (test_corpus_file_problems)."""
     source = open_corpus(
         write_shards(
-            tmp_path,
-            [[doc(3), doc(3)], [doc(4)], [[2, 2**32 - 1, 3]]],
-            {0: np.float32, 2: np.uint32},
+            tmp_path, [[doc(3), doc(3)], [doc(4)], [[2, 2**32 - 1, 3]]], {1: ">i4", 2: np.uint32}
         )
     )
     (window,) = iter_windows(source, 0, CutSpec(capacity=8, window_documents=9, window_tokens=99))
-    assert [(q["source_id"], q["reason"]) for q in window.quarantined] == [
-        (0, "wrong_dtype"),
-        (1, "wrong_dtype"),
-        (3, "out_of_vocabulary"),
-    ]
-    np.testing.assert_array_equal(window.tokens, doc(4))
+    assert [(q["source_id"], q["reason"]) for q in window.quarantined] == [(3, "out_of_vocabulary")]
+    np.testing.assert_array_equal(window.tokens, doc(3) + doc(3) + doc(4))
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,14 @@ from _service import FIXTURE, expected
 from streampack import wire
 from streampack.errors import InternalError, ProtocolError
 from streampack.service.counters import ProducerCounters
-from streampack.service.delivery import MAX_PENDING, MAX_PENDING_PER_CONSUMER, rank_share
+from streampack.service.delivery import (
+    FAIR_SHARE,
+    MAX_CONSUMERS,
+    MAX_PENDING,
+    MAX_PENDING_PER_CONSUMER,
+    rank_share,
+)
+from streampack.service.pipeline import BACKUP_P95_FACTOR, RECENT_WINDOWS
 from streampack.service.registry import MAX_CREDIT, MAX_LOSSES
 
 SHUFFLED = {"shuffle": True, "seed": 11, "epochs": 2}
@@ -473,3 +480,263 @@ def test_a_rank_alone_past_a_drop_tail_is_answered_with_the_reorder_buffer_full(
     for rank in (0, 2, 1):
         got = harness.drain(b"c%d" % rank, rank, 3, prefetch=1)
         assert got == expected(FIXTURE, rank, 3, tail="drop", **SHUFFLED)["list"]
+
+
+# -- backup windows (issue 22): no trainer waits on one bad peer ------------------------
+
+
+def heartbeat(harness: Harness, *workers: bytes) -> None:
+    for identity in workers:
+        harness.from_worker(identity, "heartbeat", {"free": 1, "needs_tokens": False})
+
+
+def _held_by_hung(harness: Harness, *hung: bytes, count: int = 4) -> list[wire.Message]:
+    """Each of ``hung`` registers first and takes one window it will never answer; a
+    consumer asks for the first ``count`` batches."""
+    harness.fetch(b"c", 0, 1, 0, 0, count=count)
+    windows = []
+    for identity in hung:
+        harness.join(identity, credit=1)
+        harness.step()
+        (window,) = harness.take(identity, "window")
+        windows.append(window)
+    return windows
+
+
+def test_a_hung_worker_costs_the_stream_one_backup_period_not_the_deadline(want_w1):
+    """Issue 22: a worker that heartbeats but never answers holds window 0, which the
+    ordered stream waits on. At ``backup_after`` (1 s) a copy goes to a healthy worker;
+    its answer is the window's, and the stream is digest's, long before the deadline."""
+    harness = Harness()  # window_timeout 60 s, backup_after 1 s
+    (window,) = _held_by_hung(harness, b"hung")
+    assert (window.fields["epoch"], window.fields["window"]) == (0, 0)
+    harness.join(b"w1")
+    for _ in range(9):  # 0.9 s: not overdue yet, the stream waits
+        harness.step(0.1)
+        harness.work(b"w1")
+        assert harness.batches(b"c") == []
+    assert harness.counters["windows_backed_up"] == 0
+    harness.step(0.15)
+    harness.work(b"w1")  # it is handed the copy and answers it
+    assert harness.batches(b"c") == want_w1[:4]
+    counters = harness.counters
+    assert counters["windows_backed_up"] == 1 and counters["backup_wins"] == 1
+    assert counters["workers_dropped"] == 0  # not punished for being slow ...
+    assert harness.drain(b"c", 0, 1, index=4) == want_w1[4:]
+    assert harness.take(b"hung", "window") == []  # ... and it sits on its one slot
+    for _ in range(60):  # it heartbeats on
+        heartbeat(harness, b"hung")
+        harness.step(1.0)
+    counters = harness.counters
+    assert counters["workers_dropped"] == 1  # ... until it misses the deadline
+    assert counters["windows_reissued"] == 0  # its window was complete long ago
+
+
+def test_a_slow_workers_late_answer_is_a_duplicate_and_it_goes_on(want_w1):
+    """The slow worker's answer after its copy won is dropped as a duplicate: no error,
+    nothing refused, and the worker is given windows as before."""
+    harness = Harness(reorder_budget_bytes=20_000)
+    (window,) = _held_by_hung(harness, b"slow")
+    harness.join(b"w1")
+    harness.step(1.1)
+    harness.work(b"w1")
+    assert harness.counters["backup_wins"] == 1
+    harness.from_worker(
+        b"slow", "packed", harness.packed_fields(window), harness.honest_plan(window)
+    )
+    assert harness.take(b"slow", "error") == []
+    counters = harness.counters
+    assert counters["duplicates_dropped"] == 1
+    assert counters["rejected_worker"] == counters["plans_refused"] == 0
+    harness.from_worker(b"slow", "ready", {"credit": 1, "needs_tokens": False})
+    harness.take(b"c")
+    assert harness.drain(b"c2", 0, 1, workers=(b"slow", b"w1")) == want_w1
+    assert harness.coordinator.registry.get(b"slow").completed > 0  # it packed on
+
+
+def test_when_the_first_holder_answers_first_the_copy_is_the_duplicate(want_w1):
+    harness = Harness()
+    (window,) = _held_by_hung(harness, b"first")
+    harness.join(b"w1")
+    harness.step(1.1)
+    copies = [w for w in harness.take(b"w1", "window") if w.fields["window"] == 0]
+    assert len(copies) == 1 and harness.counters["windows_backed_up"] == 1
+    harness.from_worker(
+        b"first", "packed", harness.packed_fields(window), harness.honest_plan(window)
+    )
+    harness.from_worker(
+        b"w1", "packed", harness.packed_fields(copies[0]), harness.honest_plan(copies[0])
+    )
+    counters = harness.counters
+    assert counters["backup_wins"] == 0 and counters["duplicates_dropped"] == 1
+    assert counters["rejected_worker"] == 0 and harness.take(b"w1", "error") == []
+    got = harness.batches(b"c")
+    assert got and got == want_w1[: len(got)]  # window 0's batches
+
+
+def test_a_refused_copy_leaves_the_window_with_its_first_holder(want_w1):
+    """The first answer that *passes the plan check* wins: a copy whose plan is refused
+    is counted and dropped, the window is not reissued (its first holder still packs
+    it), and that holder's answer is accepted."""
+    harness = Harness()
+    (window,) = _held_by_hung(harness, b"first")
+    harness.join(b"rogue")
+    harness.step(1.1)
+    (copy,) = harness.take(b"rogue", "window")
+    harness.from_worker(
+        b"rogue", "packed", harness.packed_fields(copy), not_next_fit(harness.honest_plan(copy))
+    )
+    assert harness.counters["plans_refused"] == 1
+    assert harness.coordinator.pipeline.reissue == []
+    harness.from_worker(
+        b"first", "packed", harness.packed_fields(window), harness.honest_plan(window)
+    )
+    got = harness.batches(b"c")
+    assert got and got == want_w1[: len(got)]
+    assert harness.counters["backup_wins"] == 0
+
+
+def test_backups_skip_lagging_workers_and_a_window_has_at_most_three_copies(want_w1):
+    """Two hung workers: the window goes to A, its copy to B (B held nothing, so it
+    was not lagging), the next copy to the healthy worker, never back to A or B. Each
+    extra hung worker costs one more backup period."""
+    harness = Harness()
+    harness.fetch(b"c", 0, 1, 0, 0, count=4)
+    harness.join(b"A", credit=1)
+    harness.step()
+    assert len(harness.take(b"A", "window")) == 1
+    harness.step(1.1)
+    harness.join(b"B", credit=1)
+    harness.step()
+    (copy,) = harness.take(b"B", "window")
+    assert copy.fields["window"] == 0
+    harness.join(b"w1")
+    harness.step(0.5)  # B's copy is 0.5 s old: not overdue yet; w1 takes window 1
+    harness.work(b"w1")
+    assert harness.batches(b"c") == []
+    harness.step(0.6)
+    harness.work(b"w1")
+    assert harness.batches(b"c") == want_w1[:4]
+    state_copies = harness.counters["windows_backed_up"]
+    assert state_copies == 2 and harness.counters["backup_wins"] == 1
+    assert harness.take(b"A", "window") == harness.take(b"B", "window") == []
+    assert harness.drain(b"c", 0, 1, index=4) == want_w1[4:]
+
+
+def test_the_backup_threshold_follows_the_observed_windows():
+    """Overdue means ``BACKUP_P95_FACTOR`` times the p95 of the recent windows, at least
+    ``backup_after``, and never at or past the deadline (which reissues anyway)."""
+    pipeline = Harness(backup_after=0.5).coordinator.pipeline
+    assert pipeline.backup_threshold() == 0.5  # nothing observed yet: the floor
+    pipeline.durations.extend([0.01] * 19 + [0.2])
+    assert pipeline.backup_threshold() == 0.5  # 4 x p95 (0.01) is below the floor
+    pipeline.durations.extend([0.3] * 5)
+    assert pipeline.backup_threshold() == pytest.approx(BACKUP_P95_FACTOR * 0.3)
+    pipeline.durations.extend([30.0] * RECENT_WINDOWS)  # every window slow: 4 x 30 s
+    assert pipeline.plan_backups(0.0) == 120.0 and pipeline.backups == []
+    assert Harness(backups=False).coordinator.pipeline.backup_threshold() == math.inf
+
+
+def test_without_backups_a_hung_worker_costs_the_deadline(want_w1):
+    """``backups = false``: only ``window_timeout`` takes the window back (the figure
+    without backups, and the setting benchmarks/service.py compares)."""
+    harness = Harness(backups=False, window_timeout=10.0)
+    _held_by_hung(harness, b"hung")
+    harness.join(b"w1")
+    for _ in range(9):
+        heartbeat(harness, b"hung", b"w1")
+        harness.step(1.0)
+        harness.work(b"w1")
+    assert harness.batches(b"c") == [] and harness.counters["windows_backed_up"] == 0
+    heartbeat(harness, b"hung", b"w1")
+    harness.step(1.5)
+    harness.work(b"w1")
+    assert harness.batches(b"c") == want_w1[:4]
+    assert harness.counters["workers_dropped"] == 1
+
+
+def test_a_worker_found_unreachable_loses_every_window_it_held(want_w1):
+    """A send to a worker that fails (gone, or not reading) forgets it; the windows it
+    already held go elsewhere rather than waiting for a deadline nobody keeps."""
+    harness = Harness()
+    harness.fetch(b"c", 0, 1, 0, 0, count=8)
+    harness.join(b"w", credit=1)
+    harness.work(b"w", limit=1)  # proven
+    harness.take(b"w")
+    harness.from_worker(b"w", "ready", {"credit": 2, "needs_tokens": False})
+    harness.step()
+    held = list(harness.coordinator.registry.get(b"w").held)
+    assert len(held) >= 2
+    harness.unreachable.add(b"w")
+    harness.from_worker(b"w", "ready", {"credit": 1, "needs_tokens": False})
+    harness.step()  # the next window cannot be sent: w is forgotten, with what it held
+    assert harness.coordinator.registry.get(b"w") is None
+    reissue = harness.coordinator.pipeline.reissue
+    assert set(held) < set(reissue) and len(reissue) == len(held) + 1
+    harness.take(b"c")
+    harness.join(b"w1")
+    assert harness.drain(b"c2", 0, 1) == want_w1
+
+
+# -- the pending-fetch table (issue 22): strangers cannot crowd a rank out -------------
+
+
+def test_strangers_filling_the_fetch_table_never_crowd_out_a_waiting_rank(want_w1):
+    """A rank waits for batches not packed yet; 100 strangers ask for 1,024 batches
+    each that come much later. The table stays bounded, its oldest entries are the
+    strangers' (they hold the most), and the rank keeps every fetch."""
+    harness = Harness()
+    harness.fetch(b"rank", 0, 1, 0, 0, count=4)
+    for i in range(100):
+        harness.fetch(b"stranger%d" % i, 0, 1, 0, 10_000, count=MAX_PENDING_PER_CONSUMER)
+    delivery = harness.coordinator.delivery
+    assert harness.counters["pending_fetches"] <= MAX_PENDING
+    assert len(delivery.consumers[b"rank"].pending) == 4
+    harness.join(b"w1")
+    harness.work(b"w1", limit=2)
+    assert harness.batches(b"rank") == want_w1[:4]
+
+
+def test_a_consumer_within_its_share_is_never_forgotten_for_room():
+    harness = Harness(epochs=0)
+    harness.fetch(b"rank", 0, 1, 0, 0, count=FAIR_SHARE)
+    for i in range(MAX_CONSUMERS - 1):  # as many keys as the table holds, then more
+        harness.fetch(b"s%d" % i, 0, 1, 5 + i, 0, count=FAIR_SHARE + (i % 3))
+    assert harness.counters["pending_fetches"] <= MAX_PENDING
+    assert len(harness.coordinator.delivery.consumers[b"rank"].pending) == FAIR_SHARE
+
+
+def test_newcomers_displace_strangers_before_a_rank_that_was_answered(want_w1):
+    """Past MAX_CONSUMERS identities the least recently heard consumer goes, but one
+    never answered a batch goes before a rank at work, however long it waits."""
+    harness = Harness()
+    harness.join(b"w1")
+    assert harness.drain(b"rank", 0, 1, until=4) == want_w1[:4]
+    harness.fetch(b"rank", 0, 1, 0, 4, count=4)
+    for i in range(MAX_CONSUMERS + 200):
+        harness.fetch(b"n%d" % i, 0, 1, 0, 10_000 + i)
+    consumers = harness.coordinator.delivery.consumers
+    assert len(consumers) == MAX_CONSUMERS and b"rank" in consumers
+    assert b"n%d" % (MAX_CONSUMERS + 199) in consumers  # a newcomer is never refused
+    harness.take(b"rank")
+    assert harness.drain(b"rank", 0, 1, index=4) == want_w1[4:]
+
+
+def test_a_reissue_goes_back_to_its_last_holder_when_no_other_worker_has_room(want_w1):
+    """Chaos finding (seed 11 once the hung worker's deadline outlasted the trainers'
+    timeout): a reissued window skipped the worker it was last given while another
+    worker was registered — a hung one with no credit — so nobody took it, ever. The
+    preference for another worker holds only when another has room."""
+    harness = Harness()
+    _held_by_hung(harness, b"hung")  # hung holds window 0, no credit left
+    harness.join(b"w1", credit=1)
+    harness.step()
+    assert len(harness.take(b"w1", "window")) == 1
+    for _ in range(6):  # w1 falls silent (its window is reissued), the hung one beats on
+        heartbeat(harness, b"hung")
+        harness.step(1.0)
+    assert harness.counters["workers_lost"] == 1
+    heartbeat(harness, b"hung", b"w1")  # w1 is back, with room for one window
+    harness.step()
+    harness.take(b"c")
+    assert harness.drain(b"c2", 0, 1) == want_w1

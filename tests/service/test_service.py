@@ -137,9 +137,15 @@ def test_kill_9_of_a_worker_mid_epoch_changes_nothing():
                     os.kill(victim.pid, signal.SIGSTOP)
                     threading.Thread(target=kill_once_it_holds_windows, daemon=True).start()
         assert killed.wait(60)
+        deadline = time.monotonic() + 30
+        while service.stats()["workers"] > 1:  # it is forgotten: silent, or unreachable
+            assert time.monotonic() < deadline, service.stats()
+            time.sleep(0.1)
         final = service.stats()
     assert got == want["list"]
-    assert final["workers_lost"] >= 1 and final["windows_reissued"] >= 1
+    # Its windows went elsewhere: reissued once it was forgotten, or copied before that
+    # (backups of overdue windows, when the replacement registered first).
+    assert final["windows_reissued"] + final["windows_backed_up"] >= 1
 
 
 def test_consumer_restart_receives_exactly_the_remaining_batches(shuffled, reference):

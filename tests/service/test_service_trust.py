@@ -7,6 +7,7 @@ oracle is always the same: what a trainer receives equals ``digest``'s stream.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -15,7 +16,7 @@ import zmq
 from _service import FIXTURE, Service, consume, expected, result
 
 from streampack import wire
-from streampack.client import BatchStream
+from streampack.client import RESEND_AFTER, BatchStream
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +40,105 @@ class Peer:
     def close(self) -> None:
         self.socket.close(linger=0)
         self.context.term()
+
+
+class FakeWorker(threading.Thread):
+    """A pack worker written with raw ZeroMQ: it says ``ready``, heartbeats every 0.2 s
+    and answers its first ``slow`` windows honestly after ``delay`` seconds — or never
+    (``None``: a hung process whose heartbeat thread lives on) — and the rest at once."""
+
+    def __init__(
+        self, endpoint: str, delay: float | None, credit: int = 2, slow: int = 1 << 30
+    ) -> None:
+        super().__init__(daemon=True)
+        self.peer = Peer(endpoint)
+        self.delay = delay
+        self.credit = credit
+        self.slow = slow
+        self.stopping = threading.Event()
+        self.taken = 0
+
+    def run(self) -> None:
+        from streampack.packing import plan_ranges
+        from streampack.service.worker import pack_config_from_wire
+
+        self.peer.send("ready", {"credit": self.credit, "needs_tokens": False})
+        due: list[tuple[float, wire.Message]] = []
+        next_beat = 0.0
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            if now >= next_beat:
+                self.peer.send("heartbeat", {"free": 1, "needs_tokens": False})
+                next_beat = now + 0.2
+            while due and due[0][0] <= now:
+                _, window = due.pop(0)
+                a = window.arrays
+                occurrences, sizes = plan_ranges(
+                    a["offsets"],
+                    a["start"],
+                    a["stop"],
+                    a["source_id"],
+                    a["example_id"],
+                    pack_config_from_wire(window.fields["config"]),
+                )
+                fields = {
+                    "epoch": window.fields["epoch"],
+                    "window": window.fields["window"],
+                    "capacity": window.fields["config"]["capacity"],
+                    "seconds": self.delay,
+                    "audited": 0,
+                    "audit_failures": 0,
+                    "audit_error": "",
+                }
+                self.peer.send("packed", fields, {"occurrences": occurrences, "batch_sizes": sizes})
+                self.peer.send("ready", {"credit": 1, "needs_tokens": False})
+            message = self.peer.receive(timeout=0.05)
+            if message is not None and message.kind == "window":
+                self.taken += 1
+                if self.taken > self.slow:
+                    due.append((time.monotonic(), message))
+                elif self.delay is not None:
+                    due.append((time.monotonic() + self.delay, message))
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.join(5)
+        self.peer.close()
+
+
+def timed_digests(stream: BatchStream, waits: list[float]) -> list:
+    """``digests`` with the seconds each ``next()`` waited appended to ``waits``."""
+    out = []
+    while True:
+        asked = time.monotonic()
+        try:
+            batch = next(stream)
+        except StopIteration:
+            return out
+        waits.append(time.monotonic() - asked)
+        out.append((*stream.current, batch.digest()))
+
+
+def read_ranks(endpoint: str, world_size: int, timeout: float) -> tuple[dict, list[float]]:
+    """Every rank read in a thread of its own: {rank: digests}, and every wait."""
+    got: dict[int, list] = {}
+    waits: list[float] = []
+    errors: list[BaseException] = []
+
+    def read(rank: int) -> None:
+        try:
+            with BatchStream(endpoint, rank=rank, world_size=world_size, timeout=timeout) as s:
+                got[rank] = timed_digests(s, waits)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read, args=(r,)) for r in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    return got, waits
 
 
 def fetch(rank: int, world_size: int, epoch: int, index: int, count: int = 1) -> dict:
@@ -204,8 +304,9 @@ def test_resends_do_not_pile_up_and_the_pending_table_is_bounded():
 
 
 def test_a_worker_that_heartbeats_but_never_answers_holds_no_window_for_long():
-    """Defect 3: a hung worker keeps heartbeating; its window goes to another worker at
-    the window's deadline and the stream completes."""
+    """Defect 3: a hung worker keeps heartbeating; its window goes to another worker (a
+    backup copy, or at the window's deadline) and the stream completes; backups or not,
+    the deadline still drops the hung worker."""
     with Service(FIXTURE, window_timeout=2.0) as service:
         trainer = consume(service.consumer_endpoint, 0, 1, "--timeout", "60")
         hung = Peer(service.worker_endpoint)
@@ -213,7 +314,9 @@ def test_a_worker_that_heartbeats_but_never_answers_holds_no_window_for_long():
         assert hung.receive().kind == "window"
         service.add_worker()
         deadline = time.monotonic() + 60
-        while trainer.poll() is None and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (
+            trainer.poll() is None or service.stats()["workers_dropped"] == 0
+        ):
             hung.send("heartbeat", {"free": 1, "needs_tokens": False})
             time.sleep(0.2)
         out = result(trainer, timeout=10)
@@ -221,3 +324,75 @@ def test_a_worker_that_heartbeats_but_never_answers_holds_no_window_for_long():
         hung.close()
     assert counters["workers_dropped"] >= 1 and counters["windows_overdue"] >= 1
     assert out["digest"] == expected(FIXTURE, 0, 1)["digest"]
+
+
+#: The longest a trainer may wait for one batch while a worker hangs, with backups:
+#: ``backup_after`` (1 s), a producer tick (0.25 s) and the copy's round trip, with
+#: room for a loaded two-core machine. Without backups it is ``window_timeout`` (60 s).
+HUNG_WAIT_BOUND = 3.0
+
+
+def test_a_hung_worker_costs_the_trainers_a_second_not_the_deadline():
+    """Issue 22: one real worker and one that heartbeats but never answers, which
+    takes the window the stream needs first; consumers with a 5 s timeout (the
+    deadline is 60 s). Every batch arrives, exactly digest's stream, and the longest
+    wait is about ``backup_after``."""
+    with Service(FIXTURE) as service:
+        hung = FakeWorker(service.worker_endpoint, delay=None)
+        hung.start()
+        service.add_worker()
+        deadline = time.monotonic() + 60
+        while service.stats()["workers"] < 2:
+            assert time.monotonic() < deadline, "the workers did not register"
+            time.sleep(0.1)
+        try:
+            got, waits = read_ranks(service.consumer_endpoint, 2, timeout=5.0)
+            counters = service.stats()
+        finally:
+            hung.close()
+    print(f"longest wait for a batch with a hung worker: {max(waits):.3f} s")
+    for rank in (0, 1):
+        assert got[rank] == expected(FIXTURE, rank, 2)["list"]
+    assert hung.taken >= 1 and counters["windows_backed_up"] >= 1
+    assert counters["backup_wins"] >= 1 and counters["workers_dropped"] == 0
+    assert max(waits) < HUNG_WAIT_BOUND
+
+
+def test_strangers_in_the_fetch_table_cannot_crowd_out_a_waiting_rank():
+    """Issue 22: a rank waits for the first batches, which a slow worker packs in 2 s;
+    meanwhile 100 strangers ask for 1,024 batches each, far ahead, and leave. The
+    table stays bounded and the rank keeps its fetches: every batch comes in a bounded
+    wait, never after the resend the client makes after silence (RESEND_AFTER = 5 s),
+    which a rank forgotten for room would need."""
+    from streampack.service.delivery import MAX_PENDING
+
+    with Service(FIXTURE) as service:
+        slow = FakeWorker(service.worker_endpoint, delay=2.0, slow=1)
+        slow.start()
+        result: dict = {}
+
+        def rank() -> None:
+            result["got"], result["waits"] = read_ranks(service.consumer_endpoint, 1, 30.0)
+
+        reader = threading.Thread(target=rank)
+        try:
+            reader.start()
+            deadline = time.monotonic() + 30
+            while service.stats()["pending_fetches"] == 0:  # the oldest in the table
+                assert time.monotonic() < deadline, "the rank sent no fetch"
+                time.sleep(0.05)
+            strangers = [Peer(service.consumer_endpoint) for _ in range(100)]
+            for stranger in strangers:
+                stranger.send("fetch", fetch(0, 1, 0, 10**6, count=1024))
+            time.sleep(0.5)
+            pending = service.stats()["pending_fetches"]
+            for stranger in strangers:
+                stranger.close()
+            reader.join(timeout=120)
+        finally:
+            slow.close()
+    waits = result["waits"]
+    print(f"longest wait for a batch with the table full of strangers: {max(waits):.3f} s")
+    assert MAX_PENDING - 1024 <= pending <= MAX_PENDING
+    assert result["got"][0] == expected(FIXTURE, 0, 1)["list"]
+    assert max(waits) < RESEND_AFTER - 1.0
