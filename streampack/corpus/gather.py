@@ -15,14 +15,15 @@ def gather_ranges(
     values: Any, starts: np.ndarray, lengths: np.ndarray, dtype: Any = None
 ) -> np.ndarray:
     """``values[starts[i]:starts[i] + lengths[i]]`` for each i, concatenated, in
-    ``dtype`` (default ``values``' own). ``values`` is an array (a memory map is read
+    ``dtype`` (default ``values``' own, in native byte order). ``values`` is an array (a memory map is read
     in place); every range must lie inside it."""
     from streampack.kernels.corpus_cpu import gather_ranges_into
 
     values = np.asarray(values)
     starts = np.ascontiguousarray(starts, np.int64)
     lengths = np.ascontiguousarray(lengths, np.int64)
-    out = np.empty(int(lengths.sum()), values.dtype if dtype is None else dtype)
+    native_dtype = values.dtype.newbyteorder("=")  # what the kernels and windows hold
+    out = np.empty(int(lengths.sum()), native_dtype if dtype is None else dtype)
     if not len(out):
         return out
     # Our bug if not: the readers check offsets against their arrays when they open.
@@ -34,6 +35,13 @@ def gather_ranges(
         raise InternalError("gather_ranges: a range lies outside its array (a bug)")
     if values.dtype == np.bool_ and out.dtype != np.bool_:
         values = values.view(np.uint8)
+    if not values.dtype.isnative:
+        # A shard of the other byte order (">i4"): Numba takes native arrays only, so
+        # gather its bytes as the native dtype of that size, then swap them in place.
+        native = np.empty(len(out), native_dtype)
+        gather_ranges_into(values.view(native.dtype), starts, lengths, native)
+        out[:] = native.byteswap(inplace=True)
+        return out
     gather_ranges_into(values, starts, lengths, out)
     return out
 
@@ -62,4 +70,7 @@ def copy_ranges(
         raise InternalError("copy_ranges: a range lies outside its array (a bug)")
     if values.dtype == np.bool_ and out.dtype != np.bool_:
         values = values.view(np.uint8)
+    if not values.dtype.isnative:  # the other byte order: gathered and swapped first
+        values = gather_ranges(values, starts, lengths)
+        starts = np.cumsum(lengths) - lengths
     compiled(values, starts, lengths, out, out_starts)
