@@ -15,8 +15,8 @@ def gather_ranges(
     values: Any, starts: np.ndarray, lengths: np.ndarray, dtype: Any = None
 ) -> np.ndarray:
     """``values[starts[i]:starts[i] + lengths[i]]`` for each i, concatenated, in
-    ``dtype`` (default ``values``' own, in native byte order). ``values`` is an array (a memory map is read
-    in place); every range must lie inside it."""
+    ``dtype`` (default ``values``' own, in native byte order). ``values`` is an array
+    (a memory map is read in place); every range must lie inside it."""
     from streampack.kernels.corpus_cpu import gather_ranges_into
 
     values = np.asarray(values)
