@@ -29,24 +29,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..errors import InvalidConfig
+from ..windows import REASONS as SCREEN_REASONS
 
 logger = logging.getLogger(__name__)
 
 #: Reasons a document is quarantined for (docs/service.md, Screening); exported at 0
 #: before the first one so that rate() and alerts see the series from the start.
-QUARANTINE_REASONS = (
-    "too_short",
-    "too_long",
-    "out_of_vocabulary",
-    "wrong_dtype",
-    "bad_range",
-    "malformed",
-    "mask_length",
-    "mask_values",
-    "labels_mismatch",
-    "unsupervised",
-    "pack_failed",
-)
+QUARANTINE_REASONS = (*SCREEN_REASONS, "pack_failed")  # the screen's, and a window's
 
 #: Latency buckets (seconds): windows pack in milliseconds, a slow audit takes seconds.
 LATENCY_BUCKETS = (
