@@ -188,7 +188,9 @@ def test_a_masked_token_shard_corpus_arrives_exactly_once_with_its_masks(tmp_pat
         received = drain_ranks(service.consumer_endpoint, 2)
         killer.join(60)
         final = service.stats()
-    assert final["workers_lost"] >= 1
+    # The victim's windows went elsewhere: reissued once it was found lost, or copied
+    # as backups first (an overdue window is backed up before the heartbeat deadline).
+    assert final["workers_lost"] + final["windows_backed_up"] >= 1
     served = sum(int(b.loss_mask.sum()) for items in received.values() for _, b in items)
     assert served <= final["supervised_targets_served"] < final["tokens_served"]  # replays count
     for rank in (0, 1):
