@@ -251,3 +251,16 @@ def stream_digest(items):
     for (epoch, index), batch in items:
         digest.update(batch, epoch, index)
     return digest.hexdigest(), digest.batches
+
+
+def next_message(router: Any, kinds: set[str] | tuple[str, ...], timeout_ms: int = 120_000) -> Any:
+    """The next message of one of ``kinds`` a ROUTER standing in for the producer gets
+    from its worker (others are skipped); fails the test when none comes in time."""
+    from streampack import wire
+
+    while True:
+        assert router.poll(timeout_ms)
+        _, *frames = router.recv_multipart()
+        message = wire.decode(frames)
+        if message.kind in kinds:
+            return message

@@ -26,6 +26,7 @@ from _service import (
     expected,
     flags,
     free_port,
+    next_message,
     result,
     rss_anon_bytes,
     start,
@@ -253,17 +254,9 @@ def test_a_worker_rejects_malformed_windows_and_keeps_packing():
         identity, *frames = router.recv_multipart()
         assert wire.decode(frames).kind == "ready"
 
-        def answer(kinds):
-            while True:
-                assert router.poll(60_000)
-                _, *frames = router.recv_multipart()
-                message = wire.decode(frames)
-                if message.kind in kinds:
-                    return message
-
         for frames in GARBAGE[:3]:
             router.send_multipart([identity, *frames])
-            assert answer({"error"}).fields["message"]
+            assert next_message(router, {"error"}, timeout_ms=60_000).fields["message"]
         window = next(
             iter_windows(
                 open_corpus(FIXTURE),
@@ -287,7 +280,7 @@ def test_a_worker_rejects_malformed_windows_and_keeps_packing():
         # As the producer sends it to a worker that does not audit: no tokens.
         tokenless = window.arrays() | {"tokens": window.tokens[:0]}
         router.send_multipart([identity, *wire.encode("window", fields, tokenless)], copy=False)
-        packed = answer({"packed"})
+        packed = next_message(router, {"packed"}, timeout_ms=60_000)
         assert packed.fields["window"] == 0 and packed.fields["capacity"] == 256
         occurrences, sizes = plan_compact(
             window_examples(window.arrays()),
@@ -302,7 +295,10 @@ def test_a_worker_rejects_malformed_windows_and_keeps_packing():
         router.send_multipart(
             [identity, *wire.encode("window", fields, window.arrays())], copy=False
         )
-        assert "max_metadata_bytes" in answer({"failed"}).fields["error"]
+        assert (
+            "max_metadata_bytes"
+            in next_message(router, {"failed"}, timeout_ms=60_000).fields["error"]
+        )
         assert worker.poll() is None
     finally:
         worker.kill()

@@ -16,7 +16,16 @@ import pytest
 import zmq
 from _formats import documents, write_shards
 from _formats import masks as prompt_response_masks
-from _service import FIXTURE, SMALL, Service, drain_ranks, expected, start, stream_digest
+from _service import (
+    FIXTURE,
+    SMALL,
+    Service,
+    drain_ranks,
+    expected,
+    next_message,
+    start,
+    stream_digest,
+)
 
 from streampack import Examples, PackConfig, pack_examples, wire
 from streampack.corpus import open_corpus
@@ -121,20 +130,12 @@ def test_a_worker_packs_a_masked_window_and_refuses_a_malformed_mask():
         identity, *frames = router.recv_multipart()
         assert wire.decode(frames).kind == "ready"
 
-        def answer(kinds):
-            while True:
-                assert router.poll(120_000)
-                _, *frames = router.recv_multipart()
-                message = wire.decode(frames)
-                if message.kind in kinds:
-                    return message
-
         window = masked_window(whole=True)
         router.send_multipart([identity, *_window_message(window, mask=window.mask[:-1])])
-        refused = answer({"error", "packed", "failed"})
+        refused = next_message(router, {"error", "packed", "failed"})
         assert refused.kind == "error" and "mask frame of shape" in refused.fields["message"]
         router.send_multipart([identity, *_window_message(window)])
-        packed = answer({"packed", "failed"})
+        packed = next_message(router, {"packed", "failed"})
         assert packed.kind == "packed", packed.fields
         config = PackConfig(capacity=64, max_rows_per_batch=2)
         plan = contract_plan(window, config)
