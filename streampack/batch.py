@@ -624,5 +624,18 @@ class CompactBatch:
         firsts = np.cumsum(lengths) - lengths  # each range's first token: never a target
         return int(np.count_nonzero(self.mask)) - int(np.count_nonzero(self.mask[firsts]))
 
+    def supervised_targets_by_occurrence(self) -> np.ndarray:
+        """:attr:`supervised_targets` of each occurrence (int64; they sum to it): what
+        the producer counts by mixture source."""
+        pairs = (self.occurrences["stop"] - self.occurrences["start"]).astype(np.int64)
+        if self.mask is None:
+            return pairs
+        # Occurrence i's tokens are mask[first_i : first_i + pairs_i + 1]; its targets
+        # are all of them but the first.
+        marked = np.zeros(len(self.mask) + 1, np.int64)
+        np.cumsum(self.mask, out=marked[1:])
+        ends = np.cumsum(pairs + 1)
+        return marked[ends] - marked[ends - pairs]
+
     def check_binding(self, expected: Binding) -> None:
         check_binding(self.binding, expected)

@@ -64,11 +64,15 @@ class ProducerCounters:
     reorder_bytes_peak: int = 0
     pack_seconds: float = 0.0
     quarantine_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
-    # str(rank) -> real tokens served to that rank; ranks from MAX_RANK_KEYS on share a key.
+    # str(rank) -> real tokens / supervised targets served to that rank; ranks from
+    # MAX_RANK_KEYS on share a key.
     tokens_served_by_rank: dict[str, int] = dataclasses.field(default_factory=dict)
-    # str(mixture source index) -> tokens / documents served (one source: "0"). Bounded
-    # by the manifest's sources: the producer counts what it sends, not what peers say.
+    supervised_targets_served_by_rank: dict[str, int] = dataclasses.field(default_factory=dict)
+    # str(mixture source index) -> tokens / supervised targets / documents served (one
+    # source: "0"). Bounded by the manifest's sources: the producer counts what it sends,
+    # not what peers say.
     tokens_served_by_source: dict[str, int] = dataclasses.field(default_factory=dict)
+    supervised_targets_served_by_source: dict[str, int] = dataclasses.field(default_factory=dict)
     documents_served_by_source: dict[str, int] = dataclasses.field(default_factory=dict)
     last_audit_error: str = ""
 
@@ -95,36 +99,39 @@ class ProducerCounters:
         self.quarantined += 1
         self.quarantine_reasons[reason] = self.quarantine_reasons.get(reason, 0) + 1
 
-    def served_to_rank(self, rank: int, tokens: int) -> None:
+    def served_to_rank(self, rank: int, tokens: int, supervised_targets: int) -> None:
+        """Count one served batch by the rank it went to: its real tokens and its
+        supervised targets."""
         key = str(rank) if rank < MAX_RANK_KEYS else f"{MAX_RANK_KEYS}+"
-        self.tokens_served_by_rank[key] = self.tokens_served_by_rank.get(key, 0) + tokens
+        _count(self.tokens_served_by_rank, key, tokens)
+        _count(self.supervised_targets_served_by_rank, key, supervised_targets)
 
-    def served_by_source(self, sources: np.ndarray, lengths: np.ndarray) -> None:
-        """Count one served batch by mixture source: ``sources`` and ``lengths`` (pairs)
-        per occurrence."""
-        tokens = np.bincount(sources, weights=lengths)
+    def served_by_source(
+        self, sources: np.ndarray, lengths: np.ndarray, supervised_targets: np.ndarray
+    ) -> None:
+        """Count one served batch by mixture source: ``sources``, ``lengths`` (pairs) and
+        ``supervised_targets`` per occurrence."""
         documents = np.bincount(sources)
+        tokens = np.bincount(sources, weights=lengths)
+        supervised = np.bincount(sources, weights=supervised_targets)
         for source in np.flatnonzero(documents).tolist():
             key = str(source)
-            self.tokens_served_by_source[key] = self.tokens_served_by_source.get(key, 0) + int(
-                tokens[source]
-            )
-            self.documents_served_by_source[key] = self.documents_served_by_source.get(
-                key, 0
-            ) + int(documents[source])
+            _count(self.documents_served_by_source, key, int(documents[source]))
+            _count(self.tokens_served_by_source, key, int(tokens[source]))
+            _count(self.supervised_targets_served_by_source, key, int(supervised[source]))
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter by name (a fresh dict, safe to extend, to encode and to read
         from another thread, e.g. the metrics server's)."""
         out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        out["quarantine_reasons"] = dict(self.quarantine_reasons)
-        for name in (
-            "tokens_served_by_rank",
-            "tokens_served_by_source",
-            "documents_served_by_source",
-        ):
-            out[name] = dict(getattr(self, name))
+        for name, value in out.items():
+            if isinstance(value, dict):  # quarantine_reasons and the by-rank/by-source ones
+                out[name] = dict(value)
         return out
+
+
+def _count(table: dict[str, int], key: str, amount: int) -> None:
+    table[key] = table.get(key, 0) + amount
 
 
 def check_reported(name: str, value: Any, maximum: float) -> None:

@@ -357,32 +357,38 @@ class Delivery:
             "binding": self.binding_wire,
         } | wire.batch_shape(entry.batch)
         arrays = wire.batch_arrays(entry.batch)
-        delivered = False
+        delivered_to: int | None = None  # the rank of the first consumer that took it
         for identity in identities:
             consumer = self.consumers.get(identity)
             if consumer is None or not self._servable(key, consumer):
                 continue
             fields["step_targets"] = self._step_targets(key, consumer)
             if self.send(identity, "batch", fields, arrays):
-                if not delivered:
-                    self.counters.served_to_rank(consumer.rank, entry.batch.real_tokens)
-                delivered = True
+                if delivered_to is None:
+                    delivered_to = consumer.rank
                 self._unpend(identity, key)
                 self._observe(consumer.answered(key))
             else:
                 self._forget_consumer(identity)
-        if delivered:
+        if delivered_to is not None:
             if not self.pending.get(key):  # kept while another asker waits for its step
                 del self.ready[key]
                 self.ready_bytes -= entry.batch.nbytes
-            self.counters.add("batches_served")
-            self.counters.add("tokens_served", entry.batch.real_tokens)
-            self.counters.add("supervised_targets_served", entry.batch.supervised_targets)
-            self.counters.add("cells_served", entry.batch.rows * entry.batch.capacity)
-            occurrences = entry.batch.occurrences
-            self.counters.served_by_source(
-                entry.batch.sources, (occurrences["stop"] - occurrences["start"]).astype(np.int64)
-            )
+            self._count_served(entry.batch, delivered_to)
+
+    def _count_served(self, batch: CompactBatch, rank: int) -> None:
+        """Count a batch once, however many consumers took it: in total, for the rank
+        it was first delivered to, and by the mixture source of each occurrence."""
+        occurrences = batch.occurrences
+        pairs = (occurrences["stop"] - occurrences["start"]).astype(np.int64)
+        supervised = batch.supervised_targets_by_occurrence()
+        real_tokens, supervised_targets = int(pairs.sum()), int(supervised.sum())
+        self.counters.add("batches_served")
+        self.counters.add("tokens_served", real_tokens)
+        self.counters.add("supervised_targets_served", supervised_targets)
+        self.counters.add("cells_served", batch.rows * batch.capacity)
+        self.counters.served_to_rank(rank, real_tokens, supervised_targets)
+        self.counters.served_by_source(batch.sources, pairs, supervised)
 
     def _cancel(self, identity: bytes, consumer: Consumer, which: Callable[[Key], bool]) -> None:
         """Drop the pending keys of one consumer that an end answer covered."""

@@ -59,10 +59,6 @@ LATENCY_BUCKETS = (
 PRODUCER_COUNTERS: dict[str, tuple[str, str]] = {
     "batches_served": ("streampack_batches_served", "Batches sent to consumers (not fillers)"),
     "fillers_served": ("streampack_fillers_served", "All-padding filler batches sent"),
-    "supervised_targets_served": (
-        "streampack_supervised_targets_served",
-        "Loss-eligible targets (a supervision mask's marked ones) of the batches sent",
-    ),
     "batches_received": (
         "streampack_batches_received",
         "Batches received from workers as checked plans",
@@ -119,6 +115,19 @@ PRODUCER_COUNTERS: dict[str, tuple[str, str]] = {
 }
 REJECTED_PEERS = {"rejected_worker": "worker", "rejected_consumer": "consumer"}
 
+# snapshot key of a total -> metric name without _total, labelled by ``rank`` from the
+# snapshot's ``<key>_by_rank`` (the total alone, unlabelled, when the snapshot lacks it).
+BY_RANK = {
+    "tokens_served": "streampack_tokens_served",
+    "supervised_targets_served": "streampack_supervised_targets_served",
+}
+# snapshot key -> metric name without _total, labelled by mixture ``source``.
+BY_SOURCE = {
+    "tokens_served_by_source": "streampack_source_tokens_served",
+    "supervised_targets_served_by_source": "streampack_source_supervised_targets_served",
+    "documents_served_by_source": "streampack_source_documents_served",
+}
+
 # snapshot key -> (metric name, help). Gauges of the producer.
 PRODUCER_GAUGES: dict[str, tuple[str, str]] = {
     "workers": ("streampack_workers", "Pack workers currently registered"),
@@ -153,6 +162,10 @@ WORKER_COUNTERS: dict[str, tuple[str, str]] = {
 METRICS: dict[str, tuple[str, str]] = {
     **{f"{name}_total": ("counter", text) for name, text in PRODUCER_COUNTERS.values()},
     "streampack_tokens_served_total": ("counter", "Real tokens (prediction pairs) sent, by rank"),
+    "streampack_supervised_targets_served_total": (
+        "counter",
+        "Loss-eligible targets (a supervision mask's marked ones) of the batches sent, by rank",
+    ),
     "streampack_cells_served_total": ("counter", "Cells (rows x capacity) of the batches sent"),
     "streampack_documents_quarantined_total": ("counter", "Documents quarantined, by reason"),
     "streampack_messages_rejected_total": (
@@ -172,6 +185,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "streampack_source_tokens_served_total": (
         "counter",
         "Real tokens sent, by mixture source (its index in the manifest)",
+    ),
+    "streampack_source_supervised_targets_served_total": (
+        "counter",
+        "Loss-eligible targets sent, by mixture source",
     ),
     "streampack_source_documents_served_total": (
         "counter",
@@ -207,9 +224,10 @@ class ProducerCollector(Collector):
     """Producer metrics, read from its counters' dict view at every scrape.
 
     ``snapshot`` returns the producer's counters (what ``health`` answers):
-    the keys of ``PRODUCER_COUNTERS`` and ``PRODUCER_GAUGES``, ``tokens_served`` (or
-    ``tokens_served_by_rank``), ``cells_served`` when counted, ``quarantine_reasons``,
-    ``rejected_worker`` and ``rejected_consumer``. Keys it lacks are not exported.
+    the keys of ``PRODUCER_COUNTERS`` and ``PRODUCER_GAUGES``, those of ``BY_RANK`` (or
+    their ``_by_rank`` tables) and ``BY_SOURCE``, ``cells_served`` when counted,
+    ``quarantine_reasons``, ``rejected_worker`` and ``rejected_consumer``. Keys it lacks
+    are not exported.
     """
 
     def __init__(
@@ -233,18 +251,8 @@ class ProducerCollector(Collector):
         for key, (name, text) in PRODUCER_COUNTERS.items():
             if key in stats:
                 yield CounterMetricFamily(name, text, value=stats[key])
-        by_rank = stats.get("tokens_served_by_rank")
-        tokens = CounterMetricFamily(
-            "streampack_tokens_served",
-            METRICS["streampack_tokens_served_total"][1],
-            labels=["rank"] if by_rank is not None else None,
-        )
-        if by_rank is not None:
-            for rank, value in sorted(by_rank.items()):
-                tokens.add_metric([str(rank)], value)
-        else:
-            tokens.add_metric([], stats.get("tokens_served", 0))
-        yield tokens
+        for key, name in BY_RANK.items():
+            yield _by_rank(name, stats.get(f"{key}_by_rank"), stats.get(key, 0))
         if "cells_served" in stats:
             yield CounterMetricFamily(
                 "streampack_cells_served",
@@ -252,16 +260,14 @@ class ProducerCollector(Collector):
                 value=stats["cells_served"],
             )
             cells = stats["cells_served"]
+            by_rank = stats.get("tokens_served_by_rank")
             served = sum(by_rank.values()) if by_rank is not None else stats.get("tokens_served", 0)
             yield GaugeMetricFamily(
                 "streampack_fill_ratio",
                 METRICS["streampack_fill_ratio"][1],
                 value=served / cells if cells else 0.0,
             )
-        for key, name in (
-            ("tokens_served_by_source", "streampack_source_tokens_served"),
-            ("documents_served_by_source", "streampack_source_documents_served"),
-        ):
+        for key, name in BY_SOURCE.items():
             if key in stats:
                 family = CounterMetricFamily(name, METRICS[f"{name}_total"][1], labels=["source"])
                 for source, count in sorted(stats[key].items(), key=lambda kv: int(kv[0])):
@@ -289,6 +295,19 @@ class ProducerCollector(Collector):
                 yield GaugeMetricFamily(name, text, value=stats[key])
         for name, value in self.budgets.items():
             yield GaugeMetricFamily(name, METRICS[name][1], value=value)
+
+
+def _by_rank(name: str, by_rank: Mapping[str, int] | None, total: int) -> CounterMetricFamily:
+    """Counter ``name`` labelled by rank, or its unlabelled ``total`` without ``by_rank``."""
+    family = CounterMetricFamily(
+        name, METRICS[f"{name}_total"][1], labels=["rank"] if by_rank is not None else None
+    )
+    if by_rank is None:
+        family.add_metric([], total)
+    else:
+        for rank, value in sorted(by_rank.items()):
+            family.add_metric([str(rank)], value)
+    return family
 
 
 class WorkerCollector(Collector):

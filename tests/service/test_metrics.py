@@ -16,8 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _formats import manifest, write_shard
-from _service import FIXTURE, Service, consume, expected, free_port, result
+from _formats import manifest, masks, write_shard
+from _service import (
+    FIXTURE,
+    SMALL,
+    Service,
+    consume,
+    drain_ranks,
+    expected,
+    free_port,
+    result,
+)
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -92,8 +101,9 @@ def test_the_collector_reads_the_producers_counters_at_scrape_time():
     counters.add("rejected_consumer", 1)
     counters.add("tokens_served", 500)
     counters.add("cells_served", 1024)
-    counters.served_to_rank(0, 300)
-    counters.served_to_rank(1, 200)
+    counters.served_to_rank(0, 300, 120)
+    counters.served_to_rank(1, 200, 80)
+    counters.served_by_source(np.array([0, 1, 1]), np.array([10, 20, 30]), np.array([4, 0, 9]))
     for _ in range(4):
         counters.quarantine("too_long")
     producer.coordinator.delivery.ready_bytes = 4096
@@ -104,6 +114,12 @@ def test_the_collector_reads_the_producers_counters_at_scrape_time():
     assert value(after, "streampack_messages_rejected_total", peer="consumer") == 1
     assert value(after, "streampack_tokens_served_total", rank="0") == 300
     assert value(after, "streampack_tokens_served_total", rank="1") == 200
+    assert value(after, "streampack_supervised_targets_served_total", rank="0") == 120
+    assert value(after, "streampack_supervised_targets_served_total", rank="1") == 80
+    assert value(after, "streampack_source_tokens_served_total", source="1") == 50
+    assert value(after, "streampack_source_supervised_targets_served_total", source="0") == 4
+    assert value(after, "streampack_source_supervised_targets_served_total", source="1") == 9
+    assert value(after, "streampack_source_documents_served_total", source="1") == 2
     assert value(after, "streampack_fill_ratio") == pytest.approx(500 / 1024)
     assert value(after, "streampack_documents_quarantined_total", reason="too_long") == 4
     assert value(after, "streampack_reorder_bytes") == 4096
@@ -117,12 +133,8 @@ def test_the_collector_reads_the_producers_counters_at_scrape_time():
         samples(generate_latest(worker.registry).decode())
     )
     assert names - set(METRICS) == set()
-    # Counted once reported, or once a batch was served:
-    assert set(METRICS) - names <= {
-        "streampack_pack_seconds_total",
-        "streampack_source_tokens_served_total",
-        "streampack_source_documents_served_total",
-    }
+    # Counted once reported:
+    assert set(METRICS) - names <= {"streampack_pack_seconds_total"}
 
 
 def test_a_port_that_cannot_be_used_is_one_clear_error():
@@ -264,8 +276,10 @@ def all_exported_names() -> set[str]:
 
     producer = Producer(ProducerSettings(corpus=str(FIXTURE), capacity=256, window_tokens=3000))
     producer.coordinator.counters.pack_seconds += 0.5
-    producer.coordinator.counters.served_to_rank(0, 1)
-    producer.coordinator.counters.served_by_source(np.zeros(1, np.int32), np.ones(1, np.int64))
+    producer.coordinator.counters.served_to_rank(0, 1, 1)
+    producer.coordinator.counters.served_by_source(
+        np.zeros(1, np.int32), np.ones(1, np.int64), np.ones(1, np.int64)
+    )
     registries = [
         ProducerMetrics(producer.snapshot, window_budget_bytes=1, reorder_budget_bytes=1).registry,
         WorkerMetrics({}).registry,
@@ -364,43 +378,65 @@ def test_serve_refuses_worker_metrics_ports_past_65535():
     assert "Traceback" not in proc.stderr
 
 
-def test_per_source_counters_agree_with_what_a_mixture_delivered(tmp_path):
-    from streampack.client import BatchStream
+def test_rank_and_source_counters_agree_with_what_a_masked_mixture_delivered(tmp_path):
+    """A 3:1 mixture of two masked sources served to 2 ranks: by rank, the supervised
+    targets are what each rank received, and they sum to the total; by source, the
+    tokens, documents and supervised targets are what the ranks received, and the
+    supervised ones what the in-process digest packs from each source's documents."""
+    from streampack.service.digest import rank_stream
 
     rng = np.random.default_rng(3)
     for name, low, count in (("a", 2, 30), ("b", 200, 12)):
         docs = [rng.integers(low, low + 198, size=int(n)) for n in rng.integers(5, 60, count)]
         write_shard(tmp_path, name, docs)
+        np.save(
+            tmp_path / f"{name}.mask.npy", np.concatenate(masks(docs, seed=low)).astype(np.uint8)
+        )
     manifest(
         tmp_path,
         binding=BINDING,
         sources=[{"weight": 3, "shards": ["a"]}, {"weight": 1, "shards": ["b"]}],
     )
+    shape = {"capacity": 64, "window_documents": 8, "window_tokens": 300}
     port = free_port()
-    tokens, documents = collections.Counter(), collections.Counter()
-    with Service(
-        tmp_path,
-        serve_workers=1,
-        metrics_port=port,
-        capacity=64,
-        window_documents=8,
-        window_tokens=300,
-    ) as service:
-        with BatchStream(service.consumer_endpoint, rank=0, world_size=1, timeout=60) as stream:
-            for batch in stream:
-                occ = batch.occurrences
-                for source, length in zip(
-                    batch.sources.tolist(), (occ["stop"] - occ["start"]).tolist()
-                ):
-                    tokens[str(source)] += length
-                    documents[str(source)] += 1
+    with Service(tmp_path, serve_workers=2, metrics_port=port, **shape) as service:
+        received = drain_ranks(service.consumer_endpoint, 2)
         scraped = scrape(port)
-    assert set(tokens) == {"0", "1"}
+        health = service.stats()
+    tokens, documents = collections.Counter(), collections.Counter()
+    supervised = collections.Counter()
+    by_rank = collections.Counter()
+    for rank, items in received.items():
+        for _, batch in items:
+            occ = batch.occurrences
+            for source, length in zip(
+                batch.sources.tolist(), (occ["stop"] - occ["start"]).tolist()
+            ):
+                tokens[str(source)] += length
+                documents[str(source)] += 1
+            cells = batch.cell_sources()[batch.loss_mask]
+            supervised.update({str(s): int(n) for s, n in enumerate(np.bincount(cells)) if n})
+            by_rank[str(rank)] += int(batch.loss_mask.sum())
+    # The oracle: the batches ``streampack digest`` packs for each rank, in process.
+    settings = ProducerSettings(corpus=str(tmp_path), **(SMALL | shape))
+    packed = collections.Counter()
+    for rank in (0, 1):
+        for _, _, batch in rank_stream(settings, rank, 2):
+            cells = batch.cell_sources()[batch.loss_mask]
+            packed.update({str(s): int(n) for s, n in enumerate(np.bincount(cells)) if n})
+    assert set(supervised) == {"0", "1"} and supervised == packed
     for source in ("0", "1"):
-        assert (
-            value(scraped, "streampack_source_tokens_served_total", source=source) == tokens[source]
-        )
-        assert (
-            value(scraped, "streampack_source_documents_served_total", source=source)
-            == documents[source]
-        )
+        assert 0 < supervised[source] < tokens[source]  # the masks leave prompts out
+        for name, counted in (
+            ("tokens", tokens),
+            ("supervised_targets", supervised),
+            ("documents", documents),
+        ):
+            want = counted[source]
+            assert value(scraped, f"streampack_source_{name}_served_total", source=source) == want
+            assert health[f"{name}_served_by_source"][source] == want
+    assert health["supervised_targets_served_by_rank"] == dict(by_rank)
+    assert set(by_rank) == {"0", "1"}
+    for rank, want in by_rank.items():
+        assert value(scraped, "streampack_supervised_targets_served_total", rank=rank) == want
+    assert sum(by_rank.values()) == health["supervised_targets_served"] == sum(packed.values())

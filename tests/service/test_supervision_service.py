@@ -84,6 +84,8 @@ def test_the_producers_batches_carry_the_windows_mask_as_digest_packs_it(whole, 
         batch = c.checked(max_cells=128).expand()
         assert batch.digest() == w.digest() != p.digest()
         assert c.supervised_targets == int(w.loss_mask.sum()) < int(w.target_valid.sum())
+        each = [int(w.loss_mask[o["row"], o["start"] : o["stop"]].sum()) for o in w.occurrences]
+        assert c.supervised_targets_by_occurrence().tolist() == each
 
 
 def test_an_unmasked_corpus_streams_exactly_as_before_masks_existed():
