@@ -308,8 +308,11 @@ def gather_ranges(tokens, offsets, doc, start, stop, out_offsets, out):  # pragm
     for i in prange(doc.shape[0]):
         base = offsets[doc[i]] + start[i]
         target = out_offsets[i]
-        for j in range(stop[i] - start[i]):
-            out[target + j] = tokens[base + j]
+        n = stop[i] - start[i]
+        # Slice assignments, not an element loop: Numba copies each as a block (as
+        # corpus_cpu.gather_ranges_into does), several times faster on ranges of
+        # hundreds of tokens.
+        out[target : target + n] = tokens[base : base + n]
 
 
 @njit(parallel=True, cache=True)
@@ -321,9 +324,9 @@ def gather_ranges_masked(
     for i in prange(doc.shape[0]):
         base = offsets[doc[i]] + start[i]
         target = out_offsets[i]
-        for j in range(stop[i] - start[i]):
-            out[target + j] = tokens[base + j]
-            out_mask[target + j] = mask[base + j]
+        n = stop[i] - start[i]
+        out[target : target + n] = tokens[base : base + n]  # block copies (gather_ranges)
+        out_mask[target : target + n] = mask[base : base + n]
 
 
 #: Codes of :func:`check_compact`, in the order it tests them.
