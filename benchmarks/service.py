@@ -25,8 +25,16 @@ per run as CPU seconds spent while the consumers ran: producer, workers, consume
 wall seconds the workers spent handling windows (above their CPU seconds when cores
 are oversubscribed).
 
+``corpora`` serves the same documents in three forms, 2 workers and 2 consumers each:
+the token shards above; the shards with a supervision mask (``NAME.mask.npy``: a
+prompt of a random share of each document, then the response, as the masked rows of
+``benchmarks/pack.py``); and one Parquet file (``input_ids`` list<int32>, row groups
+of 8192 documents). The three tries of a repeat run back to back (the order rotating),
+and each repeat's ratios are masked / shards and Parquet / shards (targets: >= 0.8).
+
     .venv/bin/python benchmarks/service.py [--documents 100000] [--repeats 3]
                                            [--backups on|off|both]
+                                           [--compare workers|corpora|both]
 """
 
 from __future__ import annotations
@@ -53,33 +61,54 @@ from streampack.service.health import check  # noqa: E402
 CAPACITY, ROWS_PER_BATCH, VOCAB = 2048, 16, 50_000
 
 
-def write_corpus(root: Path, documents: int, seed: int = 0) -> sp.Examples:
-    """The pack benchmark's corpus, as Examples and as a shard corpus under ``root``."""
+BINDING = {
+    "vocab_size": VOCAB,
+    "tokenizer": "synthetic",
+    "split_receipt": "bench",
+    "partition": "train",
+}
+#: The forms of the corpus ``corpora`` compares, each a directory of ``write_corpora``.
+CORPORA = ("shards", "shards_masked", "parquet")
+
+
+def write_corpora(root: Path, documents: int, seed: int = 0) -> sp.Examples:
+    """The pack benchmark's corpus as Examples, and under ``root`` in each form of
+    ``CORPORA`` (a directory each; the masked shards hard-link the plain ones' files)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.pack import with_prompt_masks
+
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(5.0, 1.0, documents), 2, CAPACITY + 1).astype(np.int64)
     offsets = np.zeros(documents + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     tokens = rng.integers(0, VOCAB, int(offsets[-1]), dtype=np.int32)
-    np.save(root / "bench.tokens.npy", tokens)
-    np.save(root / "bench.offsets.npy", offsets)
-    binding = {
-        "vocab_size": VOCAB,
-        "tokenizer": "synthetic",
-        "split_receipt": "bench",
-        "partition": "train",
-    }
-    (root / "manifest.json").write_text(
-        json.dumps(
-            {"format": "streampack-corpus", "version": 1, "binding": binding, "shards": ["bench"]}
-        )
-    )
-    return sp.Examples(
+    examples = sp.Examples(
         tokens=tokens,
         offsets=offsets,
         doc=np.arange(documents),
         start=np.zeros(documents, np.int64),
         stop=lengths,
     )
+    for name in CORPORA:
+        (root / name).mkdir()
+    shards, masked, parquet = (root / name for name in CORPORA)
+    np.save(shards / "bench.tokens.npy", tokens)
+    np.save(shards / "bench.offsets.npy", offsets)
+    for suffix in (".tokens.npy", ".offsets.npy"):
+        os.link(shards / f"bench{suffix}", masked / f"bench{suffix}")
+    np.save(masked / "bench.mask.npy", with_prompt_masks(examples).mask)
+    lists = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(tokens))
+    pq.write_table(pa.table({"input_ids": lists}), parquet / "bench.parquet", row_group_size=8192)
+    for directory, entry in (
+        (shards, {"shards": ["bench"]}),
+        (masked, {"shards": ["bench"]}),
+        (parquet, {"parquet": ["bench.parquet"]}),
+    ):
+        manifest = {"format": "streampack-corpus", "version": 1, "binding": BINDING, **entry}
+        (directory / "manifest.json").write_text(json.dumps(manifest))
+    return examples
 
 
 def cpu_seconds(pid: int) -> float:
@@ -231,11 +260,19 @@ def main() -> None:
         default="on",
         help="backup windows on (the default setting), off, or both side by side",
     )
+    parser.add_argument(
+        "--compare",
+        choices=("workers", "corpora", "both"),
+        default="both",
+        help="the worker/consumer/transport table, the corpus forms (masked, Parquet) "
+        "beside token shards, or both (the default)",
+    )
     args = parser.parse_args()
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.backups]
 
     with tempfile.TemporaryDirectory(prefix="streampack-bench-") as scratch:
-        examples = write_corpus(Path(scratch), args.documents)
+        examples = write_corpora(Path(scratch), args.documents)
+        shards = Path(scratch) / "shards"
         binding = sp.Binding(VOCAB, "synthetic", "bench", "train")
         config = sp.PackConfig(
             capacity=CAPACITY, max_rows_per_batch=ROWS_PER_BATCH, max_metadata_bytes=1 << 40
@@ -255,6 +292,8 @@ def main() -> None:
         configurations = [(w, c, "tcp") for w in (1, 2) for c in (1, 2)]
         # Unix-domain sockets for the same-machine case (no TCP stack on the data path).
         configurations += [(2, c, "ipc") for c in (1, 2)]
+        if args.compare == "corpora":
+            configurations = []
         runs, in_process_best = [], float("inf")
         for workers, consumers, transport in configurations:
             tries: dict[bool, list[dict]] = {mode: [] for mode in modes}
@@ -264,7 +303,7 @@ def main() -> None:
                     baseline = in_process_seconds()
                     in_process_best = min(in_process_best, baseline)
                     run = run_service(
-                        Path(scratch),
+                        shards,
                         workers,
                         consumers,
                         args.window_tokens,
@@ -283,23 +322,57 @@ def main() -> None:
                 best_run["median_ratio"] = round(float(np.median(ratios)), 3)
                 best_run["seconds_of_each_try"] = [run["seconds"] for run in tries[mode]]
                 runs.append(best_run)
-        in_process = real_tokens / in_process_best / 1e6
-    print(
-        json.dumps(
-            {
-                "documents": args.documents,
-                "real_tokens": real_tokens,
-                "capacity": CAPACITY,
-                "rows_per_batch": ROWS_PER_BATCH,
-                "window_tokens": args.window_tokens,
-                "cores": os.cpu_count(),
-                "in_process_pack_examples_million_tokens_per_s": round(in_process, 2),
-                "service": runs,
-                "target": "2 workers >= 0.5 x in-process single-core rate",
-            },
-            indent=1,
+        if args.compare != "workers":
+            in_process_best = min(in_process_best, in_process_seconds())
+        corpora = (
+            compare_corpora(Path(scratch), args.repeats, args.window_tokens)
+            if args.compare != "workers"
+            else None
         )
-    )
+        in_process = real_tokens / in_process_best / 1e6
+    report = {
+        "documents": args.documents,
+        "real_tokens": real_tokens,
+        "capacity": CAPACITY,
+        "rows_per_batch": ROWS_PER_BATCH,
+        "window_tokens": args.window_tokens,
+        "cores": os.cpu_count(),
+        "in_process_pack_examples_million_tokens_per_s": round(in_process, 2),
+    }
+    if runs:
+        report["service"] = runs
+        report["target"] = "2 workers >= 0.5 x in-process single-core rate"
+    if corpora is not None:
+        report["corpora"] = corpora
+    print(json.dumps(report, indent=1))
+
+
+def compare_corpora(root: Path, repeats: int, window_tokens: int) -> dict:
+    """Each form of ``CORPORA`` served by 2 workers to 2 consumers, the forms of one
+    repeat back to back (their order rotating, so a drift favours none), and each
+    repeat's delivered rate of a form over that of the plain shards."""
+    tries: dict[str, list[dict]] = {name: [] for name in CORPORA}
+    for repeat in range(repeats):
+        shift = repeat % len(CORPORA)
+        for name in CORPORA[shift:] + CORPORA[:shift]:
+            tries[name].append(run_service(root / name, 2, 2, window_tokens))
+    out: dict[str, dict] = {}
+    for name in CORPORA:
+        rates = [run["million_tokens_per_s"] for run in tries[name]]
+        plain = [run["million_tokens_per_s"] for run in tries["shards"]]
+        out[name] = {
+            "million_tokens_per_s_of_each_try": rates,
+            "cpu_seconds_of_best_try": max(
+                tries[name], key=lambda run: run["million_tokens_per_s"]
+            )["cpu_seconds"],
+        }
+        if name != "shards":
+            ratios = [rate / base for rate, base in zip(rates, plain)]
+            out[name]["ratio_to_shards_of_each_try"] = [round(r, 3) for r in ratios]
+            out[name]["best_ratio_to_shards"] = round(max(ratios), 3)
+            out[name]["median_ratio_to_shards"] = round(float(np.median(ratios)), 3)
+    out["target"] = "shards_masked and parquet >= 0.8 x shards (2 workers, 2 consumers)"
+    return out
 
 
 if __name__ == "__main__":
