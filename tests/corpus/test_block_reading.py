@@ -272,3 +272,75 @@ def test_parquet_holds_a_few_row_groups_not_the_file(tmp_path, shuffle):
     tracemalloc.stop()
     assert documents == rows
     assert peak < 4 * group, peak  # the file is 40 row groups
+
+
+_PYARROW_PEAK = """
+import sys
+import pyarrow as pa
+from streampack.corpus import open_corpus
+from streampack.windows import CutSpec, iter_windows
+spec = CutSpec(capacity=64, window_documents=64, window_tokens=4096,
+               shuffle=sys.argv[2] == "1", shuffle_buffer=256)
+documents = sum(w.documents for w in iter_windows(open_corpus(sys.argv[1]), 0, spec))
+print(documents, pa.default_memory_pool().max_memory())
+"""
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_parquet_decoding_ahead_holds_a_bounded_number_of_row_groups(tmp_path, shuffle):
+    """pyarrow's own memory (its pool's peak, in a fresh process) while a Parquet file
+    of 40 row groups is read whole: the row groups being decoded (``DECODERS``), those
+    decoded and queued (``READ_AHEAD``), one the read-ahead thread holds, one being cut,
+    one a window still holds slices of, and decoding's scratch — not the file."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from _formats import manifest
+
+    from streampack.corpus.parquet import DECODERS, READ_AHEAD
+
+    rows, per_row = 40 * 500, 50
+    values = pa.array((np.arange(rows * per_row) % 500).astype(np.int32))
+    offsets = pa.array(np.arange(0, rows * per_row + 1, per_row, dtype=np.int32))
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(offsets, values)})
+    pq.write_table(table, tmp_path / "big.parquet", row_group_size=500)
+    path = manifest(tmp_path, parquet=["big.parquet"])
+    out = subprocess.run(
+        [sys.executable, "-c", _PYARROW_PEAK, str(path), str(int(shuffle))],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    group = 500 * per_row * 4  # one row group's int32 tokens
+    assert int(out[0]) == rows
+    assert int(out[1]) <= (DECODERS + READ_AHEAD + 5) * group, int(out[1]) / group
+
+
+@pytest.mark.parametrize("decoders", [2, 3])
+def test_parquet_row_groups_decoded_at_once_come_in_order(tmp_path, monkeypatch, decoders):
+    """Row groups decoded on several threads (``DECODERS``) reach the cut in corpus
+    order, across files: every window, shuffled or not, is the one-decoder window."""
+    from _formats import documents, masks, write_parquet
+
+    from streampack.corpus import open_corpus, parquet
+    from streampack.windows import CutSpec, iter_windows
+
+    docs = documents(300, seed=8)
+    path = write_parquet(
+        tmp_path, docs, row_group_size=7, files=3, supervision={"completion_mask": masks(docs)}
+    )
+
+    def windows() -> list[list[list[int]]]:
+        out = []
+        for shuffle in (False, True):
+            spec = CutSpec(capacity=64, window_documents=9, window_tokens=200, shuffle=shuffle)
+            for w in iter_windows(open_corpus(path), 0, spec):
+                out.append([a.tolist() for a in w.arrays().values()])
+        return out
+
+    monkeypatch.setattr(parquet, "DECODERS", 1)
+    expected = windows()
+    monkeypatch.setattr(parquet, "DECODERS", decoders)
+    assert windows() == expected
