@@ -59,12 +59,18 @@ class Flat:
         zero = np.zeros(1, np.int64)
         return cls(values, zero, offsets, zero)
 
+    def __post_init__(self) -> None:
+        # Plain views of memory maps: a np.memmap makes a memmap of every index taken.
+        for name in ("values", "offsets"):
+            if isinstance(getattr(self, name), np.memmap):
+                object.__setattr__(self, name, np.asarray(getattr(self, name)))
+
     def ranges(self, part: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """int64 ``(starts, lengths)`` in ``values`` of document ``local[i]`` of part
         ``part[i]``, for each i."""
         at = self.offsets_base[part] + local
-        lo = np.asarray(self.offsets[at], np.int64)
-        return self.values_base[part] + lo, np.asarray(self.offsets[at + 1], np.int64) - lo
+        lo, hi = np.asarray(self.offsets[np.stack([at, at + 1])], np.int64)  # one index
+        return self.values_base[part] + lo, hi - lo
 
 
 def _views_of_one(whole: np.ndarray, arrays: list[Any]) -> tuple[np.ndarray, np.ndarray] | None:
