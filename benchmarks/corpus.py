@@ -11,6 +11,10 @@ Parquet with a ``labels`` column, JSON Lines with a ``mask`` field. Reported: to
 per second of each, its ratio to token shards in the same order, and that every format
 yielded the same token count. Best of ``--repeats`` rounds, formats taking turns.
 
+``parquet_decode_alone`` is the ceiling the Parquet rows stand under: pyarrow's
+``read_row_group`` of every row group (the token column, as the reader asks for it)
+and nothing else, on one thread and on two at once (a file handle each).
+
     python benchmarks/corpus.py [--documents 50000] [--repeats 3] [--seed 0]
 """
 
@@ -128,6 +132,26 @@ def read(path: Path, shuffle: bool) -> tuple[float, int]:
     return time.perf_counter() - start, tokens
 
 
+def decode_parquet(path: Path, threads: int) -> float:
+    """Seconds pyarrow alone takes to decode every row group of ``path``'s token
+    column, ``threads`` row groups at once (each thread with its own handle)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    handles = [pq.ParquetFile(str(path), memory_map=True) for _ in range(threads)]
+    groups = handles[0].num_row_groups
+
+    def decode(k: int) -> None:
+        for group in range(k, groups, threads):
+            handles[k].read_row_group(group, columns=["input_ids"], use_threads=False)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(decode, range(threads)))
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=50_000)
@@ -139,15 +163,19 @@ def main() -> None:
     docs = [rng.integers(0, VOCAB, n, dtype=np.int32) for n in lengths]
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_all(Path(tmp), docs)
-        best: dict[tuple[str, bool], float] = {}
+        best: dict[tuple[str, int], float] = {}  # (format, shuffled) or (decode, threads)
         counts = set()
         for _ in range(args.repeats):
             for shuffle in (False, True):
                 for name, path in paths.items():
                     seconds, tokens = read(path, shuffle)
                     counts.add(tokens)
-                    key = (name, shuffle)
+                    key = (name, int(shuffle))
                     best[key] = min(best.get(key, float("inf")), seconds)
+            for threads in (1, 2):
+                seconds = decode_parquet(Path(tmp) / "d.parquet", threads)
+                decode = ("parquet_decode_alone", threads)
+                best[decode] = min(best.get(decode, float("inf")), seconds)
     total = int(lengths.sum())
     results = {}
     for shuffle in (False, True):
@@ -172,6 +200,12 @@ def main() -> None:
                 "python": sys.version.split()[0],
                 "machine": platform.machine(),
                 **results,
+                "parquet_decode_alone_m_tokens_per_s": {
+                    f"{threads}_thread{'s' if threads > 1 else ''}": round(
+                        total / best[("parquet_decode_alone", threads)] / 1e6, 2
+                    )
+                    for threads in (1, 2)
+                },
             },
             indent=1,
         )

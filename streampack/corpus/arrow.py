@@ -124,16 +124,19 @@ def arrow_files(path: Path) -> list[Path]:
     return files
 
 
-def _batches(pa: Any, path: Path) -> list[Any]:
-    """The record batches of an Arrow IPC file or stream, memory-mapped."""
+def _batches(pa: Any, path: Path) -> tuple[list[Any], np.ndarray]:
+    """The record batches of an Arrow IPC file or stream, memory-mapped, and the whole
+    map as bytes (where their buffers lie)."""
     source = pa.memory_map(str(path), "r")
+    whole = np.frombuffer(source.read_buffer(), np.uint8)  # zero-copy: the map itself
+    source.seek(0)
     try:
         try:
             reader = pa.ipc.open_file(source)
-            return [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            return [reader.get_batch(i) for i in range(reader.num_record_batches)], whole
         except pa.ArrowInvalid:
             source.seek(0)
-            return list(pa.ipc.open_stream(source))  # what save_to_disk writes
+            return list(pa.ipc.open_stream(source)), whole  # what save_to_disk writes
     except (pa.ArrowInvalid, OSError) as exc:
         raise InvalidConfig(
             f"Arrow file {str(path)!r} is corrupt or truncated, or not an Arrow IPC file: {exc}"
@@ -142,13 +145,13 @@ def _batches(pa: Any, path: Path) -> list[Any]:
 
 def open_arrow_file(
     path: Path, column: str, label: str, entry: dict[str, Any] | None = None
-) -> list[Part]:
+) -> tuple[list[Part], np.ndarray]:
     """One part per record batch of the Arrow file at ``path`` (with the supervision
-    ``entry``'s ``mask`` / ``labels`` names)."""
+    ``entry``'s ``mask`` / ``labels`` names), and the file's bytes they are views of."""
     pa = import_pyarrow("Arrow files")
     where = f"Arrow file {str(path)!r}"
     parts = []
-    batches = _batches(pa, path)
+    batches, whole = _batches(pa, path)
     spec = mask_spec(entry or {}, where, batches[0].schema.names if batches else [])
     for number, batch in enumerate(batches):
         if column not in batch.schema.names:
@@ -171,7 +174,7 @@ def open_arrow_file(
             supervision_type(pa, batch.schema, spec, where)
             _add_mask(pa, part, batch.column(spec.name), spec, f"{where} record batch {number}")
         parts.append(part)
-    return parts
+    return parts, whole
 
 
 def _add_mask(pa: Any, part: Part, lists: Any, spec: MaskSpec, where: str) -> None:
@@ -204,8 +207,14 @@ class ArrowSource(OffsetsReader):
         entry: dict[str, Any] | None = None,
     ) -> None:
         parts: list[Part] = []
+        files: list[np.ndarray] = []
         for path, name in zip(paths, names, strict=True):
             for file in arrow_files(path):
                 label = name if file == path else f"{name}/{file.name}"
-                parts += open_arrow_file(file, column, label, entry)
-        super().__init__(parts, binding, f"Arrow data {names}")
+                file_parts, whole = open_arrow_file(file, column, label, entry)
+                parts += file_parts
+                files.append(whole)
+        # One file: its record batches are read as one (offsets.Flat).
+        super().__init__(
+            parts, binding, f"Arrow data {names}", whole=files[0] if len(files) == 1 else None
+        )

@@ -32,6 +32,8 @@ every line.
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,6 +102,7 @@ class JsonlSource(SingleSource):
                 block = self._parsed(
                     chunk, starts[filled], ends[filled], source_id, path.name, lines
                 )
+                del chunk  # parsed: a long line's bytes go before its window is screened
                 if len(block):
                     yield block
                 blank += len(starts) - len(lines)
@@ -112,7 +115,7 @@ class JsonlSource(SingleSource):
 
     def _parsed(
         self,
-        chunk: bytes,
+        chunk: bytes | bytearray,
         starts: np.ndarray,
         ends: np.ndarray,
         first: int,
@@ -137,13 +140,15 @@ class JsonlSource(SingleSource):
             if len(raw) <= 64:  # a longer mask field: every line goes to json
                 keys[k, : len(raw)] = np.frombuffer(raw, np.uint8)
                 key_lengths[k] = len(raw)
-        buf = np.frombuffer(chunk, np.uint8)
+        buf = _bytes_of(chunk)
         accepted = np.zeros(n, bool)
         lists = np.zeros((n, 4), np.int64)
         scalars = np.zeros((n, 4), np.int64)
-        # At most one integer per two bytes ("1," ...): room for every one.
-        tokens = np.empty(len(chunk) // 2 + 1, np.int64)
-        mask = np.empty(len(chunk) // 2 + 1 if self.spec is not None else 0, np.int64)
+        # At most one integer per two bytes ("1," ...): room for every one, as int32
+        # (a line with a list value outside it goes to json): a long line of short
+        # tokens costs at most twice its bytes here.
+        tokens = np.empty(len(chunk) // 2 + 1, np.int32)
+        mask = np.empty(len(chunk) // 2 + 1 if self.spec is not None else 0, np.int32)
         if self.spec is None or key_lengths[4] > 0:
             parse_token_lines(
                 buf, starts, ends, keys, key_lengths, accepted, lists, scalars, tokens, mask
@@ -194,30 +199,52 @@ class JsonlSource(SingleSource):
 BLOCK_BYTES = 4 << 20  # lines read and parsed at a time (more for one longer line)
 
 
-def _chunks(path: Path) -> Iterator[bytes]:
+def _chunks(path: Path) -> Iterator[bytes | bytearray]:
     """The file's bytes in pieces of whole lines, about ``BLOCK_BYTES`` each (a line
     longer than that is a piece of its own); the last may lack its newline."""
     with open(path, "rb") as handle:
-        rest = b""
-        while True:
-            data = handle.read(BLOCK_BYTES)
-            if not data:
-                if rest:
-                    yield rest
-                return
-            data = rest + data
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                rest = data
-                continue
-            yield data[: cut + 1]
-            rest = data[cut + 1 :]
+        # A callable's iterator keeps no piece between steps: a long line's bytes are
+        # freed as soon as the reader has parsed them.
+        yield from iter(functools.partial(_next_chunk, handle), b"")
 
 
-def _line_bounds(chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
+def _next_chunk(handle: io.BufferedReader) -> bytes | bytearray:
+    """The next piece of whole lines of ``handle`` (b"" at its end). A line longer
+    than ``BLOCK_BYTES`` is measured first and read into one buffer of its size: its
+    bytes are held once, never copied into a growing buffer."""
+    start = handle.tell()
+    data = handle.read(BLOCK_BYTES)
+    if len(data) < BLOCK_BYTES or data.endswith(b"\n"):  # the file's end, or a line's
+        return data
+    cut = data.rfind(b"\n")
+    if cut >= 0:
+        handle.seek(start + cut + 1)
+        return data[: cut + 1]
+    end = start + len(data)
+    while piece := handle.read(BLOCK_BYTES):
+        newline = piece.find(b"\n")
+        if newline >= 0:
+            end += newline + 1
+            break
+        end += len(piece)
+    handle.seek(start)
+    line = bytearray(end - start)
+    handle.readinto(line)
+    return line
+
+
+def _bytes_of(chunk: bytes | bytearray) -> np.ndarray:
+    """A read-only uint8 view of ``chunk``: one type for the compiled code whether the
+    piece is ``bytes`` or a long line's ``bytearray``."""
+    view = np.frombuffer(chunk, np.uint8)
+    view.flags.writeable = False
+    return view
+
+
+def _line_bounds(chunk: bytes | bytearray) -> tuple[np.ndarray, np.ndarray]:
     """``[start, end)`` of each line of ``chunk`` (its newline included, as a file
     iterator gives it)."""
-    newlines = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 0x0A)
+    newlines = np.flatnonzero(_bytes_of(chunk) == 0x0A)
     ends = newlines + 1
     if not len(ends) or ends[-1] != len(chunk):
         ends = np.append(ends, len(chunk))
@@ -225,12 +252,12 @@ def _line_bounds(chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
     return starts.astype(np.int64), ends.astype(np.int64)
 
 
-def _not_blank(chunk: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def _not_blank(chunk: bytes | bytearray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """bool per line: it holds a byte that is not whitespace."""
     from streampack.kernels.corpus_cpu import solid_lines
 
     out = np.empty(len(starts), bool)
-    solid_lines(np.frombuffer(chunk, np.uint8), starts, ends, out)
+    solid_lines(_bytes_of(chunk), starts, ends, out)
     return out
 
 
@@ -282,7 +309,9 @@ def refuse_without_documents(path: Path) -> None:
         )
 
 
-def parse_line(line: bytes, source_id: int, location: str, spec: MaskSpec | None = None) -> Record:
+def parse_line(
+    line: bytes | bytearray, source_id: int, location: str, spec: MaskSpec | None = None
+) -> Record:
     """The document of one JSON Lines line; a bad line becomes a quarantined record.
     With ``spec``, the line's mask (or labels, as a mask) comes with it."""
 

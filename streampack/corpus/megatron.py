@@ -57,8 +57,8 @@ class _DocumentOffsets:
     def __init__(
         self, pointers: np.ndarray, documents: np.ndarray, itemsize: int, total: int
     ) -> None:
-        self._pointers = pointers
-        self._documents = documents
+        self._pointers = np.asarray(pointers)  # plain views: no memmap per index taken
+        self._documents = np.asarray(documents)
         self._itemsize = itemsize
         self._total = total
 

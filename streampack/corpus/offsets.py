@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from streampack.corpus.gather import copy_ranges
+from streampack.corpus.gather import copy_ranges, gather_ranges
 from streampack.corpus.masks import labels_to_mask
 from streampack.corpus.reader import BindingSpec, SingleSource
 from streampack.errors import InternalError, InvalidConfig
@@ -38,6 +38,63 @@ class Part:
     mask: Any = None
     mask_offsets: Any = None
     mask_kind: str = "mask"  # "mask" or "labels"
+
+
+@dataclasses.dataclass(frozen=True)
+class Flat:
+    """Every part's values and offsets as views of one array each: part ``k``'s values
+    start at ``values[values_base[k]]``, its offsets at ``offsets[offsets_base[k]]``.
+    A window of documents from all over the parts (a shuffled one) is then found with a
+    few whole-window array operations and copied in one compiled call, rather than a
+    pass and a call per part (an Arrow file holds a record batch per 1000 rows)."""
+
+    values: Any
+    values_base: np.ndarray  # int64 per part
+    offsets: Any
+    offsets_base: np.ndarray  # int64 per part
+
+    @classmethod
+    def of_one(cls, values: Any, offsets: Any) -> Flat:
+        """One part's own arrays."""
+        zero = np.zeros(1, np.int64)
+        return cls(values, zero, offsets, zero)
+
+    def __post_init__(self) -> None:
+        # Plain views of memory maps: a np.memmap makes a memmap of every index taken.
+        for name in ("values", "offsets"):
+            if isinstance(getattr(self, name), np.memmap):
+                object.__setattr__(self, name, np.asarray(getattr(self, name)))
+
+    def ranges(self, part: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """int64 ``(starts, lengths)`` in ``values`` of document ``local[i]`` of part
+        ``part[i]``, for each i."""
+        at = self.offsets_base[part] + local
+        lo, hi = np.asarray(self.offsets[np.stack([at, at + 1])], np.int64)  # one index
+        return self.values_base[part] + lo, hi - lo
+
+
+def _views_of_one(whole: np.ndarray, arrays: list[Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(view, bases)``: the bytes ``whole`` viewed in the dtype of ``arrays``, and the
+    index in it where each array starts — when every array is a contiguous NumPy array
+    of that one dtype lying inside ``whole`` at a multiple of its item size (the record
+    batches of one memory-mapped Arrow file); else None. An empty array is never read:
+    it gets base 0."""
+    if not arrays or not all(isinstance(a, np.ndarray) for a in arrays):
+        return None
+    dtype = arrays[0].dtype
+    if any(a.dtype != dtype or a.ndim != 1 or not a.flags.c_contiguous for a in arrays):
+        return None
+    start = whole.__array_interface__["data"][0]
+    bases = np.zeros(len(arrays), np.int64)
+    for k, array in enumerate(arrays):
+        if not len(array):
+            continue
+        offset = array.__array_interface__["data"][0] - start
+        if offset < 0 or offset % dtype.itemsize or offset + array.nbytes > whole.nbytes:
+            return None
+        bases[k] = offset // dtype.itemsize
+    usable = whole.nbytes // dtype.itemsize * dtype.itemsize
+    return whole[:usable].view(dtype), bases
 
 
 def check_offsets(offsets: Any, num_tokens: int, where: str, *, from_zero: bool = True) -> None:
@@ -72,7 +129,11 @@ class OffsetsReader(SingleSource):
 
     random_access = True
 
-    def __init__(self, parts: list[Part], binding: BindingSpec, where: str) -> None:
+    def __init__(
+        self, parts: list[Part], binding: BindingSpec, where: str, whole: np.ndarray | None = None
+    ) -> None:
+        """``whole``: the bytes every part's arrays lie in (one memory-mapped file),
+        when there is such a thing: then a shuffled window is read in one call."""
         self.binding = binding
         self.parts = parts
         counts = [len(p.offsets) - 1 for p in parts]
@@ -89,6 +150,15 @@ class OffsetsReader(SingleSource):
         if self.masked and not all(p.mask is not None for p in parts):
             missing = [p.name for p in parts if p.mask is None]
             raise InternalError(f"{where}: parts {missing} have no mask in a masked source")
+        self._flat = self._mask_flat = None
+        if all(self._dtype_ok):
+            self._flat = _flat(whole, [p.tokens for p in parts], [p.offsets for p in parts])
+        if self.masked:
+            self._mask_flat = _flat(
+                whole,
+                [p.mask for p in parts],
+                [p.offsets if p.mask_offsets is None else p.mask_offsets for p in parts],
+            )
 
     def _locate(self, ids: np.ndarray) -> np.ndarray:
         return np.searchsorted(self._first, ids, side="right") - 1
@@ -111,23 +181,21 @@ class OffsetsReader(SingleSource):
 
     def lengths(self, ids: np.ndarray) -> np.ndarray:
         """Token counts of documents ``ids`` (corpus positions)."""
-        out = np.empty(len(ids), dtype=np.int64)
         part = self._locate(ids)
+        if len(ids) > 1 and part[0] == part[-1] and _consecutive(ids):
+            # A run of consecutive documents (no shuffle): one slice of the offsets.
+            s = int(part[0])
+            lo = int(ids[0] - self._first[s])
+            return np.diff(np.asarray(self._offsets[s][lo : lo + len(ids) + 1])).astype(
+                np.int64, copy=False
+            )
+        if self._flat is not None:
+            return self._flat.ranges(part, ids - self._first[part])[1]
+        out = np.empty(len(ids), dtype=np.int64)
         for s in self._parts_of(part):
-            offsets = self._offsets[s]
-            if (
-                len(ids) > 1
-                and part[0] == part[-1]
-                and ids[-1] - ids[0] == len(ids) - 1
-                and (np.diff(ids) == 1).all()
-            ):
-                # A run of consecutive documents (no shuffle): one slice of the offsets.
-                lo = int(ids[0] - self._first[s])
-                out[:] = np.diff(np.asarray(offsets[lo : lo + len(ids) + 1]))
-                return out
             sel = part == s
             local = ids[sel] - self._first[s]
-            out[sel] = np.asarray(offsets[local + 1]) - np.asarray(offsets[local])
+            out[sel] = np.asarray(self._offsets[s][local + 1]) - np.asarray(self._offsets[s][local])
         return out
 
     def location(self, source_id: int) -> str:
@@ -151,13 +219,8 @@ class OffsetsReader(SingleSource):
         involved = self._parts_of(part)
         wide = any(self._tokens[s].dtype not in _NARROW for s in involved)
         dtype_ok = np.ones(len(ids), dtype=bool)
-        if (
-            total
-            and len(involved) == 1
-            and self._dtype_ok[int(involved[0])]
-            and ids[-1] - ids[0] == len(ids) - 1
-            and np.all(np.diff(ids) == 1)
-        ):
+        consecutive = _consecutive(ids)
+        if total and len(involved) == 1 and self._dtype_ok[int(involved[0])] and consecutive:
             # Contiguous run in one part: one slice of the memory map, not copied here.
             s = int(involved[0])
             lo = int(self._offsets[s][int(ids[0] - self._first[s])])
@@ -167,16 +230,16 @@ class OffsetsReader(SingleSource):
         # it is the dtype tokens travel in.
         shared = {np.dtype(self._tokens[s].dtype) for s in involved if self._dtype_ok[s]}
         narrow = len(shared) == 1 and next(iter(shared)) in _NARROW
-        tokens = np.empty(
-            total, dtype=next(iter(shared)) if narrow else np.int64 if wide else np.int32
-        )
+        dtype = next(iter(shared)) if narrow else np.int64 if wide else np.int32
+        if total and self._flat is not None and not consecutive:
+            # Documents from all over the parts (a shuffled window): one compiled
+            # gather over the parts' flat view.
+            starts, _ = self._flat.ranges(part, ids - self._first[part])
+            return gather_ranges(self._flat.values, starts, lengths, dtype), dtype_ok
+        tokens = np.empty(total, dtype=dtype)
         if total == 0:
             return tokens, dtype_ok
-        if (
-            all(self._dtype_ok[s] for s in involved)
-            and ids[-1] - ids[0] == len(ids) - 1
-            and np.all(np.diff(ids) == 1)
-        ):
+        if consecutive and all(self._dtype_ok[s] for s in involved):
             # A run across parts (corpus order, Arrow's many record batches): one slice
             # of each part, copied in place.
             at = 0
@@ -189,9 +252,9 @@ class OffsetsReader(SingleSource):
                 tokens[at : at + hi - lo] = self._tokens[s][lo:hi]
                 at += hi - lo
             return tokens, dtype_ok
-        # Documents from all over the parts (a shuffled window): each part's ranges
-        # copied to their places in one compiled call, not two index arrays of the
-        # window's size and a fancy index.
+        # Documents from all over parts with no flat view (several files): each part's
+        # ranges copied to their places in one compiled call per part, not two index
+        # arrays of the window's size and a fancy index.
         out_starts = np.cumsum(lengths) - lengths
         for s, sel in self._by_part(part, involved):
             if not self._dtype_ok[s]:
@@ -221,7 +284,7 @@ class OffsetsReader(SingleSource):
             p = self.parts[s]
             return p.offsets if p.mask_offsets is None else p.mask_offsets
 
-        if len(ids) and (np.diff(ids) == 1).all():
+        if len(ids) and _consecutive(ids):
             # A run of consecutive documents (corpus order): one slice of each part's
             # mask, a view of the memory map when the run is inside one part.
             slices = []
@@ -232,6 +295,9 @@ class OffsetsReader(SingleSource):
                 mask_lengths[mine] = np.diff(bounds)
                 slices.append(self.parts[s].mask[int(bounds[0]) : int(bounds[-1])])
             mask = slices[0] if len(slices) == 1 else np.concatenate(slices)
+        elif self._mask_flat is not None:  # from all over the parts: one compiled gather
+            starts, mask_lengths = self._mask_flat.ranges(part, ids - self._first[part])
+            mask = gather_ranges(self._mask_flat.values, starts, mask_lengths)
         else:
             # Documents from all over the parts: their masks' ranges, then one
             # compiled copy per part to their places (a _Bools mask reads its own).
@@ -258,3 +324,24 @@ class OffsetsReader(SingleSource):
             mask, problems = labels_to_mask(tokens, lengths, mask, mask_lengths)
             return mask, mask_lengths, problems
         return mask, mask_lengths, []
+
+
+def _flat(whole: np.ndarray | None, values: list[Any], offsets: list[Any]) -> Flat | None:
+    """The parts' :class:`Flat` view: one part's own arrays, or views of ``whole`` when
+    every part's arrays lie in it; None otherwise (a mask read through ``_Bools``, parts
+    in several files)."""
+    if len(values) == 1 and isinstance(values[0], np.ndarray):
+        return Flat.of_one(values[0], offsets[0])
+    if whole is None:
+        return None
+    flat_values, flat_offsets = _views_of_one(whole, values), _views_of_one(whole, offsets)
+    if flat_values is None or flat_offsets is None:
+        return None
+    return Flat(flat_values[0], flat_values[1], flat_offsets[0], flat_offsets[1])
+
+
+def _consecutive(ids: np.ndarray) -> bool:
+    """``ids`` are a run ``a, a + 1, a + 2, ...`` (corpus order)."""
+    return (
+        bool(len(ids)) and int(ids[-1] - ids[0]) == len(ids) - 1 and bool((np.diff(ids) == 1).all())
+    )

@@ -4,7 +4,8 @@ Documents are the rows; their tokens are a list column of integers (``column``,
 default ``input_ids``). Parquet pages are compressed and decoded a row group at a
 time, so a document cannot be read alone cheaply: a Parquet corpus is a *sequential*
 reader (a shuffled epoch goes through the seeded shuffle buffer, like JSON Lines), and
-memory holds one row group plus the buffer.
+memory holds a few row groups (those decoded ahead of the cut, ``ParquetSource.blocks``)
+plus the buffer.
 
 Supervision: ``"mask"`` / ``"labels"`` name a list column as for Arrow
 (:mod:`streampack.corpus.arrow`, :mod:`streampack.corpus.masks`), read with the tokens
@@ -13,8 +14,11 @@ a row group at a time.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from queue import Full, Queue
 from typing import Any, TypeVar
@@ -27,7 +31,22 @@ from streampack.corpus.masks import labels_to_mask, mask_spec
 from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
 from streampack.errors import InvalidConfig
 
-READ_AHEAD = 1  # row groups decoded ahead of the one being cut
+
+def _usable_cores() -> int:
+    """Cores this process may run on (its affinity, where the system keeps one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+READ_AHEAD = 1  # decoded row groups queued for the cut, ahead of the one being cut
+#: Row groups decoded at once, each on its own thread with its own file handle
+#: (pyarrow decodes a column on one thread and releases the GIL). On the 2-core
+#: machine the benchmarks ran on, pyarrow alone decoded two row groups at once at
+#: 1.25x one (a handle shared between the threads: 0.8x), but with the cut on the
+#: same two cores the whole read was slower (0.8-0.9x): a second decoder only where
+#: a core is left for it.
+DECODERS = 2 if _usable_cores() > 2 else 1
 _T = TypeVar("_T")
 
 
@@ -103,6 +122,7 @@ class ParquetSource(SingleSource):
         total = 0
         self.spec = None
         self._groups: list[tuple[int, int]] = []  # (file, row group) in reading order
+        self._group_rows: list[int] = []
         first: list[int] = []  # the source id of each one's first row
         for number, path in enumerate(self.paths):
             opened = _open(pq, pa, path)
@@ -120,6 +140,7 @@ class ParquetSource(SingleSource):
             metadata = opened.metadata
             for group in range(metadata.num_row_groups):
                 self._groups.append((number, group))
+                self._group_rows.append(metadata.row_group(group).num_rows)
                 first.append(total)
                 total += metadata.row_group(group).num_rows
         if total == 0:
@@ -141,34 +162,65 @@ class ParquetSource(SingleSource):
     def blocks(self) -> Iterator[Block]:
         """One block per row group, decoded columnar: the list column's offsets and
         values as NumPy (zero-copy where pyarrow allows), nulls from the validity
-        bitmaps, no Python object per document. Decoded on a background thread
-        (pyarrow and NumPy release the GIL) at most ``READ_AHEAD`` row groups ahead of
-        the cut."""
+        bitmaps, no Python object per document. ``DECODERS`` row groups are decoded at
+        once on background threads (pyarrow and NumPy release the GIL), in order, at
+        most ``READ_AHEAD`` decoded ones waiting for the cut: memory holds
+        ``DECODERS + READ_AHEAD + 2`` row groups at most (one handed over, one cut)."""
         return read_ahead(self._decoded(), READ_AHEAD)
 
     def _decoded(self) -> Iterator[Block]:
+        """The row groups' blocks in order, decoded ``DECODERS`` at a time."""
+        handles = threading.local()  # each decoding thread opens its own
+        jobs: list[Callable[[], Block]] = []
+        source_id = 0
+        for number, path in enumerate(self.paths):
+            first = len(jobs)
+            for at in range(first, len(self._groups)):
+                file, group = self._groups[at]
+                if file != number:
+                    break
+                jobs.append(self._job(handles, path, group, source_id))
+                source_id += self._group_rows[at]
+        pool = ThreadPoolExecutor(DECODERS, thread_name_prefix="streampack-decode")
+        pending: deque[Future[Block]] = deque()
+        try:
+            for job in jobs:
+                pending.append(pool.submit(job))
+                if len(pending) == DECODERS:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _job(
+        self, handles: threading.local, path: Path, group: int, first: int
+    ) -> Callable[[], Block]:
+        """Decoding row group ``group`` of ``path`` (source ids from ``first``) into a
+        block, with the calling thread's handle of that file."""
         pa = import_pyarrow("Parquet files")
         import pyarrow.parquet as pq
 
-        source_id = 0
         columns = [self.column] + ([] if self.spec is None else [self.spec.name])
-        for path in self.paths:
-            handle = _open(pq, pa, path)
-            for group in range(handle.num_row_groups):
-                try:
-                    # One column or two: pyarrow's own threads cost more than they give.
-                    table = handle.read_row_group(group, columns=columns, use_threads=False)
-                    lists, *mask_lists = (
-                        chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
-                        for chunked in table.columns
-                    )
-                except (pa.ArrowException, OSError) as exc:
-                    raise InvalidConfig(
-                        f"Parquet file {str(path)!r}: row group {group} cannot "
-                        f"be read (corrupt or truncated): {exc}"
-                    ) from None
-                yield self._block(lists, mask_lists[0] if mask_lists else None, source_id)
-                source_id += len(lists)
+
+        def decode() -> Block:
+            if getattr(handles, "path", None) != path:  # this thread's handle of the file
+                handles.path, handles.file = path, _open(pq, pa, path)
+            try:
+                # One column or two: pyarrow's own threads cost more than they give.
+                table = handles.file.read_row_group(group, columns=columns, use_threads=False)
+                lists, *mask_lists = (
+                    chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
+                    for chunked in table.columns
+                )
+            except (pa.ArrowException, OSError) as exc:
+                raise InvalidConfig(
+                    f"Parquet file {str(path)!r}: row group {group} cannot "
+                    f"be read (corrupt or truncated): {exc}"
+                ) from None
+            return self._block(lists, mask_lists[0] if mask_lists else None, first)
+
+        return decode
 
     def _block(self, lists: Any, mask_lists: Any, first: int) -> Block:
         """One row group's documents (source ids from ``first``) as a block."""

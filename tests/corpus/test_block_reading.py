@@ -272,3 +272,170 @@ def test_parquet_holds_a_few_row_groups_not_the_file(tmp_path, shuffle):
     tracemalloc.stop()
     assert documents == rows
     assert peak < 4 * group, peak  # the file is 40 row groups
+
+
+_PYARROW_PEAK = """
+import sys
+import pyarrow as pa
+from streampack.corpus import open_corpus
+from streampack.windows import CutSpec, iter_windows
+spec = CutSpec(capacity=64, window_documents=64, window_tokens=4096,
+               shuffle=sys.argv[2] == "1", shuffle_buffer=256)
+documents = sum(w.documents for w in iter_windows(open_corpus(sys.argv[1]), 0, spec))
+print(documents, pa.default_memory_pool().max_memory())
+"""
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_parquet_decoding_ahead_holds_a_bounded_number_of_row_groups(tmp_path, shuffle):
+    """pyarrow's own memory (its pool's peak, in a fresh process) while a Parquet file
+    of 40 row groups is read whole: the row groups being decoded (``DECODERS``), those
+    decoded and queued (``READ_AHEAD``), one the read-ahead thread holds, one being cut,
+    one a window still holds slices of, and decoding's scratch — not the file."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from _formats import manifest
+
+    from streampack.corpus.parquet import DECODERS, READ_AHEAD
+
+    rows, per_row = 40 * 500, 50
+    values = pa.array((np.arange(rows * per_row) % 500).astype(np.int32))
+    offsets = pa.array(np.arange(0, rows * per_row + 1, per_row, dtype=np.int32))
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(offsets, values)})
+    pq.write_table(table, tmp_path / "big.parquet", row_group_size=500)
+    path = manifest(tmp_path, parquet=["big.parquet"])
+    out = subprocess.run(
+        [sys.executable, "-c", _PYARROW_PEAK, str(path), str(int(shuffle))],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    group = 500 * per_row * 4  # one row group's int32 tokens
+    assert int(out[0]) == rows
+    assert int(out[1]) <= (DECODERS + READ_AHEAD + 5) * group, int(out[1]) / group
+
+
+@pytest.mark.parametrize("decoders", [2, 3])
+def test_parquet_row_groups_decoded_at_once_come_in_order(tmp_path, monkeypatch, decoders):
+    """Row groups decoded on several threads (``DECODERS``) reach the cut in corpus
+    order, across files: every window, shuffled or not, is the one-decoder window."""
+    from _formats import documents, masks, write_parquet
+
+    from streampack.corpus import open_corpus, parquet
+    from streampack.windows import CutSpec, iter_windows
+
+    docs = documents(300, seed=8)
+    path = write_parquet(
+        tmp_path, docs, row_group_size=7, files=3, supervision={"completion_mask": masks(docs)}
+    )
+
+    def windows() -> list[list[list[int]]]:
+        out = []
+        for shuffle in (False, True):
+            spec = CutSpec(capacity=64, window_documents=9, window_tokens=200, shuffle=shuffle)
+            for w in iter_windows(open_corpus(path), 0, spec):
+                out.append([a.tolist() for a in w.arrays().values()])
+        return out
+
+    monkeypatch.setattr(parquet, "DECODERS", 1)
+    expected = windows()
+    monkeypatch.setattr(parquet, "DECODERS", decoders)
+    assert windows() == expected
+
+
+_LONG_LINE_PEAK = """
+import json, sys
+from streampack.corpus import open_corpus
+from streampack.windows import CutSpec, iter_windows
+
+def peak():
+    with open("/proc/self/status") as status:
+        return next(int(l.split()[1]) * 1024 for l in status if l.startswith("VmHWM:"))
+
+spec = CutSpec(capacity=64, window_documents=16, window_tokens=1 << 16)
+list(iter_windows(open_corpus(sys.argv[1]), 0, spec))  # imports and kernels first
+with open("/proc/self/clear_refs", "w") as clear:
+    clear.write("5")  # the peak from here on
+before = peak()
+source = open_corpus(sys.argv[2])
+windows = [[q["reason"] for q in w.quarantined] for w in iter_windows(source, 0, spec)]
+print(json.dumps({"growth": peak() - before, "windows": windows}))
+"""
+
+
+def test_a_huge_json_line_costs_a_few_times_its_bytes(tmp_path):
+    """One JSON Lines line of 10 M one-digit tokens (20 MB) between two short ones:
+    reading it raises the peak resident set (a fresh process, after imports and
+    compilation) by at most 4x the line — its bytes once, its tokens as int32 — and
+    it is quarantined as too long, its neighbours kept."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from _formats import manifest
+
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak")
+    count = 10_000_000
+    line = b'{"tokens": [' + b"1," * (count - 1) + b"1]}\n"
+    small, huge = tmp_path / "small", tmp_path / "huge"
+    small.mkdir()
+    huge.mkdir()
+    (small / "docs.jsonl").write_bytes(b'{"tokens": [1, 2, 3]}\n')
+    (huge / "docs.jsonl").write_bytes(b'{"tokens": [1, 2]}\n' + line + b'{"tokens": [3, 4]}\n')
+    manifest(small, jsonl=["docs.jsonl"])
+    manifest(huge, jsonl=["docs.jsonl"])
+    out = subprocess.run(
+        [sys.executable, "-c", _LONG_LINE_PEAK, str(small), str(huge)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    measured = json.loads(out)
+    assert measured["windows"] == [[], ["too_long"], []]
+    assert measured["growth"] <= 4 * len(line), measured["growth"] / len(line)
+
+
+@pytest.mark.parametrize("masked", [None, "labels"])
+def test_json_list_values_outside_int32_are_read_by_json_alike(tmp_path, monkeypatch, masked):
+    """The compiled parser writes int32: a line with a list value outside that range
+    goes to ``json``, and every line reads as ``json`` reads it (the windows, byte for
+    byte) — out-of-vocabulary details keep the exact value."""
+    import json
+
+    from _formats import manifest
+    from test_stream_pins import window_digest
+
+    from streampack.corpus import open_corpus
+    from streampack.kernels import corpus_cpu
+    from streampack.windows import CutSpec, iter_windows
+
+    edges = [2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 10**17]
+    lines = []
+    for value in edges:
+        line: dict[str, object] = {"tokens": [1, value, 2]}
+        if masked:
+            line[masked] = [-100, -100, 2]
+        lines.append(json.dumps(line))
+    lines.append(json.dumps({"tokens": [3, 4, 5], **({masked: [-100, 4, 5]} if masked else {})}))
+    (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    path = manifest(tmp_path, jsonl=["docs.jsonl"], **({} if masked is None else {masked: masked}))
+    spec = CutSpec(capacity=24, window_documents=4, window_tokens=200)
+    parse = corpus_cpu.parse_token_lines
+    accepted = []
+
+    def counted(*args):
+        parse(*args)
+        accepted.extend(args[5].tolist())
+
+    monkeypatch.setattr(corpus_cpu, "parse_token_lines", counted)
+    compiled = window_digest(path, spec)
+    assert accepted == [True, False, True, False, False, True]
+    details = [q["detail"] for w in iter_windows(open_corpus(path), 1, spec) for q in w.quarantined]
+    assert details[1] == "tokens span [1, 2147483648]; vocabulary is [0, 512)"
+    monkeypatch.setattr(corpus_cpu, "parse_token_lines", lambda *args: None)
+    assert window_digest(path, spec) == compiled

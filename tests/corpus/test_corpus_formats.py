@@ -370,3 +370,78 @@ def test_without_pyarrow_the_error_names_the_extra(tmp_path):
         "reading Parquet files needs pyarrow; install it with: pip install "
         "'streampack[data]'" in done.stderr
     )
+
+
+def _arrow_files(root, docs, columns, files):
+    """The rows as ``files`` Arrow IPC files of 16-row record batches: int64 tokens and
+    the ``columns`` (name -> per-row lists of ``dtype``)."""
+    import pyarrow as pa
+
+    names = []
+    for k, rows in enumerate(np.array_split(np.arange(len(docs)), files)):
+        table = pa.table(
+            {
+                "input_ids": pa.array([docs[i] for i in rows], pa.list_(pa.int64())),
+                **{
+                    name: pa.array([values[i] for i in rows], pa.list_(dtype))
+                    for name, (values, dtype) in columns.items()
+                },
+            }
+        )
+        names.append(f"part{k}.arrow")
+        with pa.OSFile(str(root / names[-1]), "wb") as sink:
+            with pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table, max_chunksize=16)
+    return names
+
+
+@pytest.mark.parametrize("supervision", [None, "completion_mask", "labels"])
+def test_a_shuffled_arrow_file_is_gathered_as_one_and_reads_as_its_batches_do(
+    tmp_path, supervision
+):
+    """The record batches of one Arrow file are views of one memory map: a shuffled
+    window is found and copied in one gather over it (``offsets.Flat``). Its windows
+    are those of the same rows in two files, read a record batch at a time — tokens,
+    masks, ids and quarantines (a token out of the vocabulary, a mismatched label)."""
+    import pyarrow as pa
+    from _formats import labels, masks
+
+    docs = documents(200, seed=11)
+    docs[7][1] = 9999
+    mask = masks(docs, seed=12)
+    columns = {}
+    if supervision == "completion_mask":
+        columns = {"completion_mask": (mask, pa.uint8())}
+    elif supervision == "labels":
+        columns = {"labels": (labels(docs, mask), pa.int64())}
+        columns["labels"][0][40][-1] = docs[40][-1] + 1
+    extra = (
+        {}
+        if supervision is None
+        else {"labels" if supervision == "labels" else "mask": supervision}
+    )
+    spec = CutSpec(capacity=64, window_documents=9, window_tokens=200, shuffle=True, seed=5)
+    windows = {}
+    for files in (1, 2):
+        root = tmp_path / str(files)
+        root.mkdir()
+        source = open_corpus(
+            manifest(root, arrow=_arrow_files(root, docs, columns, files), **extra)
+        )
+        assert len(source.parts) >= 13  # record batches of 16 rows
+        flat = (source._flat is not None, source._mask_flat is not None)
+        assert flat == (files == 1, files == 1 and supervision is not None), flat
+        windows[files] = [
+            (
+                {k: v.tolist() for k, v in w.arrays().items()},
+                [(q["source_id"], q["reason"], q["detail"]) for q in w.quarantined],
+            )
+            for w in iter_windows(source, 2, spec)
+        ]
+    assert windows[1] == windows[2]
+    reasons = {r for _, quarantined in windows[1] for _, r, _ in quarantined}
+    assert reasons == (
+        {"out_of_vocabulary", "labels_mismatch"}
+        if supervision == "labels"
+        else {"out_of_vocabulary"}
+    )
