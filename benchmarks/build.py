@@ -4,7 +4,7 @@ The same generated texts (``--documents`` of 100..400 words drawn from a Zipf-li
 vocabulary of 5000 made-up words, seeded), one JSON Lines file ``{"text": ...}``, and a
 byte-level BPE of ``--vocab`` tokens trained here with ``tokenizers`` (no download),
 whose post-processor wraps each document in ``<s> ... </s>``. Measured in one run,
-each best of ``--repeats`` rounds, the three taking turns:
+each best of ``--repeats`` rounds, taking turns:
 
 * ``encode_batch`` / ``encode_batch_fast``: the tokenizer alone, every text already in
   memory, in one call (Rust threads on every CPU): the ceiling of any build. The build
