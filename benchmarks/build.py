@@ -17,7 +17,7 @@ each best of ``--repeats`` rounds, taking turns:
   reused. Its worker processes are forked, where tokenizers runs one thread each.
 
 Checked (outside the timings): the build and the peer wrote the same tokens, document
-by document. Reported: seconds, documents/s and tokens/s of each, and the build's
+by document. Reported: wall and CPU seconds, documents/s and tokens/s of each, and the build's
 ratios of throughput to each of the others (above 1: the build is faster).
 
     .venv/bin/python benchmarks/build.py [--documents 20000] [--repeats 2] [--seed 0]
