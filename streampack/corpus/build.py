@@ -34,18 +34,37 @@ preparation marks it, with a ``transformers`` tokenizer (a directory, as
 The binding's tokenizer identity then covers the tokenizer's files and, for
 ``messages``, the chat template used, so a corpus built with another template gives
 ``BindingMismatch``.
+
+A build runs as three stages, each in a thread of its own, with a queue of at most
+``_DEPTH`` batches between two of them; the tokenizer releases the GIL while it
+encodes a batch on its Rust threads (one per CPU, unless ``TOKENIZERS_PARALLELISM`` or
+``RAYON_NUM_THREADS`` say otherwise), so reading and writing go on meanwhile::
+
+    reader thread          encoder thread                   caller's thread
+    lines -> records   ->  1024 records -> encode_batch  -> tokens, lengths, masks
+    (json, Parquet;        (Rust, every CPU) -> one array      -> shards (np.save),
+     skips bad lines)                                            progress
+
+Each stage takes batches in input order and each document is encoded on its own, so
+the shards are byte for byte those of encoding one document at a time; memory holds a
+few batches and one shard, whatever the corpus.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
+import queue
 import re
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -54,7 +73,8 @@ from streampack.corpus.manifest import MANIFEST_FORMAT, MANIFEST_VERSION
 from streampack.errors import InvalidConfig
 
 logger = logging.getLogger(__name__)
-_BATCH = 1024  # texts tokenized per call (encode_batch runs them in parallel)
+_BATCH = 1024  # records tokenized per call (encode_batch runs them in parallel)
+_DEPTH = 2  # batches waiting between two stages of the build (memory: a few batches)
 _WARNINGS = 3  # skipped input lines logged one by one; the rest only counted
 FORMATS = ("text", "prompt-completion", "messages")
 TRAIN_ON = ("assistant", "last", "all")
@@ -98,6 +118,9 @@ class BuildReport:
     skipped: int = 0  # input records without a usable text (logged with their line)
     binding: dict[str, Any] = dataclasses.field(default_factory=dict)
     supervised: int | None = None  # tokens the masks mark (fine-tuning formats only)
+    seconds: float = 0.0  # the whole build, from opening the tokenizer to the manifest
+    documents_per_second: float = 0.0
+    tokens_per_second: float = 0.0
 
 
 def _load_tokenizer(path: Path) -> Any:
@@ -211,10 +234,10 @@ def _parquet_texts(path: Path, column: str, report: BuildReport) -> Iterator[str
             yield text
 
 
-def _batched(texts: Iterator[str]) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for text in texts:
-        batch.append(text)
+def _batched(items: Iterable[_Item]) -> Iterator[list[_Item]]:
+    batch: list[_Item] = []
+    for item in items:
+        batch.append(item)
         if len(batch) == _BATCH:
             yield batch
             batch = []
@@ -317,53 +340,198 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _supervised_documents(
-    source: Path, tokenizer: Any, fmt: str, train_on: str, report: BuildReport
-) -> Iterator[tuple[list[int], list[int]]]:
-    """``(tokens, mask)`` per usable record of ``source`` (see the module docstring)."""
+def _prompt_completion(row: Any, eos: str | None) -> tuple[str, str] | None:
+    """A record's prompt and completion (ending with ``eos``), or ``None``."""
+    prompt, completion = (row or {}).get("prompt"), (row or {}).get("completion")
+    if not isinstance(prompt, str) or not isinstance(completion, str):
+        return None
+    if eos is not None and not completion.endswith(eos):
+        completion += eos  # TRL's rule: the EOS is part of the completion
+    return prompt, completion
+
+
+def _conversation(row: Any) -> list[dict[str, str]] | None:
+    """A record's messages, or ``None`` when they are not all ``{role, content}`` strings."""
+    messages = (row or {}).get("messages")
+    if (
+        isinstance(messages, list)
+        and messages
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    ):
+        return messages
+    return None
+
+
+def _supervised_encoder(
+    tokenizer: Any, fmt: str, train_on: str, report: BuildReport
+) -> Callable[[list[tuple[str, Any]]], _Encoded]:
+    """Per batch of ``(location, row)`` records: the usable rows tokenized in one call
+    (see the module docstring), the others skipped and logged in record order."""
     eos = tokenizer.eos_token
-    for where, row in _rows(source):
+
+    def parse(row: Any) -> Any:
+        return _prompt_completion(row, eos) if fmt == "prompt-completion" else _conversation(row)
+
+    def tokenize(inputs: list[Any]) -> list[tuple[list[int], list[int]] | str]:
+        """``(tokens, mask)`` per input, or why it is skipped."""
         if fmt == "prompt-completion":
-            prompt, completion = (row or {}).get("prompt"), (row or {}).get("completion")
-            if not isinstance(prompt, str) or not isinstance(completion, str):
-                _skip(report, where, "no string 'prompt' and 'completion' fields")
-                continue
-            if eos is not None and not completion.endswith(eos):
-                completion += eos  # TRL's rule: the EOS is part of the completion
-            prompt_ids = tokenizer(prompt)["input_ids"]
-            ids = tokenizer(prompt + completion)["input_ids"]
-            start = _common_prefix(prompt_ids, ids)
-            yield ids, [0] * start + [1] * (len(ids) - start)
-            continue
-        messages = (row or {}).get("messages")
-        if not (
-            isinstance(messages, list)
-            and messages
-            and all(
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-                for m in messages
-            )
-        ):
-            _skip(report, where, "no 'messages' list of {'role', 'content'} strings")
-            continue
+            prompts = tokenizer([p for p, _ in inputs])["input_ids"]
+            whole = tokenizer([p + c for p, c in inputs])["input_ids"]
+            starts = [_common_prefix(p, ids) for p, ids in zip(prompts, whole)]
+            return [(ids, [0] * n + [1] * (len(ids) - n)) for ids, n in zip(whole, starts)]
         rendered = tokenizer.apply_chat_template(
-            messages,
+            inputs,
             tokenize=True,
             return_dict=True,
             return_assistant_tokens_mask=train_on != "all",
         )
-        ids = list(rendered["input_ids"])
-        if train_on == "all":
-            mask = [1] * len(ids)
-        else:
-            mask = list(rendered["assistant_masks"])
-            mask = _last_run(mask) if train_on == "last" else mask
-        if not any(mask[1:]):
-            _skip(report, where, "no assistant tokens to train on")
-            continue
-        yield ids, mask
+        out: list[tuple[list[int], list[int]] | str] = []
+        for k, ids in enumerate(rendered["input_ids"]):
+            if train_on == "all":
+                mask = [1] * len(ids)
+            else:
+                mask = list(rendered["assistant_masks"][k])
+                mask = _last_run(mask) if train_on == "last" else mask
+            out.append((list(ids), mask) if any(mask[1:]) else "no assistant tokens to train on")
+        return out
+
+    unusable = (
+        "no string 'prompt' and 'completion' fields"
+        if fmt == "prompt-completion"
+        else "no 'messages' list of {'role', 'content'} strings"
+    )
+
+    def encode(records: list[tuple[str, Any]]) -> _Encoded:
+        parsed = [parse(row) for _, row in records]
+        usable = [p for p in parsed if p is not None]
+        results = iter(tokenize(usable) if usable else [])
+        ids: list[list[int]] = []
+        masks: list[list[int]] = []
+        for (where, _), item in zip(records, parsed):
+            result = unusable if item is None else next(results)
+            if isinstance(result, str):
+                _skip(report, where, result)
+                continue
+            ids.append(result[0])
+            masks.append(result[1])
+        return _encoded(ids, masks)
+
+    return encode
+
+
+def _text_encoder(tokenizer: Any, eos_id: int | None) -> Callable[[list[str]], _Encoded]:
+    """Per batch of texts: each encoded with the tokenizer's special tokens (and
+    ``eos_id`` appended), in one parallel call."""
+    # encode_batch_fast (newer tokenizers) leaves out the character offsets, which a
+    # build never reads: the same ids, in about half the time.
+    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+
+    def encode(texts: list[str]) -> _Encoded:
+        ids = [e.ids for e in encode_batch(texts, add_special_tokens=True)]
+        if eos_id is not None:
+            for document in ids:
+                document.append(eos_id)
+        return _encoded(ids)
+
+    return encode
+
+
+@dataclasses.dataclass(frozen=True)
+class _Encoded:
+    """A batch's documents: their tokens end to end, their lengths, their masks."""
+
+    tokens: np.ndarray  # int64
+    lengths: np.ndarray  # int64, one per document
+    mask: np.ndarray | None  # uint8, one per token (fine-tuning formats)
+
+
+def _encoded(ids: list[list[int]], masks: list[list[int]] | None = None) -> _Encoded:
+    lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+    total = int(lengths.sum())
+    tokens = np.fromiter(itertools.chain.from_iterable(ids), np.int64, count=total)
+    mask = None
+    if masks is not None:
+        mask = np.fromiter(itertools.chain.from_iterable(masks), np.uint8, count=total)
+    return _Encoded(tokens, lengths, mask)
+
+
+_Item = TypeVar("_Item")
+
+
+def _in_background(items: Iterable[_Item], name: str) -> Generator[_Item, None, None]:
+    """``items``, computed in a thread of its own at most ``_DEPTH`` ahead of the
+    caller. An exception there is raised here; closing this generator (the caller
+    stopped or failed) stops the thread and waits for it."""
+    handoff: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_DEPTH)
+    stop = threading.Event()
+
+    def put(kind: str, value: Any) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put((kind, value), timeout=0.05)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put("item", item):
+                    return
+        except BaseException as exc:  # whatever it is, the caller raises it: none is lost
+            put("error", exc)
+            return
+        put("end", None)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = handoff.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _pipeline(
+    batches: Iterator[_Item], encode: Callable[[_Item], _Encoded]
+) -> Generator[_Encoded, None, None]:
+    """The encoded batches: ``batches`` read in one thread, encoded in another (the
+    module docstring's picture)."""
+    read = _in_background(batches, "corpus-build-read")
+    try:
+        yield from _in_background(map(encode, read), "corpus-build-encode")
+    finally:
+        read.close()  # after the encoder thread has stopped: nothing reads it any more
+
+
+def _write(
+    encoded: Generator[_Encoded, None, None],
+    writer: _ShardWriter,
+    report: BuildReport,
+    progress: Any,
+) -> None:
+    """Write every encoded batch into shards, counting it in ``report``."""
+    with contextlib.closing(encoded):  # a failed write stops the other threads
+        for batch in encoded:
+            writer.add(batch)
+            report.documents += len(batch.lengths)
+            report.tokens += len(batch.tokens)
+            if batch.mask is not None:
+                report.supervised = (report.supervised or 0) + int(batch.mask.sum())
+            if progress is not None:
+                progress.update(done=report.documents, tokens=report.tokens)
 
 
 def build_corpus(
@@ -398,6 +566,7 @@ def build_corpus(
         raise InvalidConfig(f"--train-on {train_on!r}; expected one of {', '.join(TRAIN_ON)}")
     if fmt == "text" and chat_template is not None:
         raise InvalidConfig("--chat-template applies to --format messages only")
+    started = time.perf_counter()
     if fmt != "text":
         return _build_supervised(
             source,
@@ -411,6 +580,7 @@ def build_corpus(
             fmt=fmt,
             chat_template=chat_template,
             train_on=train_on,
+            started=started,
         )
     tokenizer = _load_tokenizer(tokenizer_path)
     eos_id = None
@@ -426,15 +596,9 @@ def build_corpus(
     )
     writer = _ShardWriter(out, vocab_size, shard_tokens, masked=False)
     reader = _jsonl_texts if source.suffix == ".jsonl" else _parquet_texts
-    for batch in _batched(reader(source, text_column, report)):
-        for encoding in tokenizer.encode_batch(batch, add_special_tokens=True):
-            ids = encoding.ids if eos_id is None else [*encoding.ids, eos_id]
-            writer.add(ids, None)
-            report.documents += 1
-            report.tokens += len(ids)
-        if progress is not None:
-            progress.update(done=report.documents, tokens=report.tokens)
-    return _finish(writer, report, source, f"text under {text_column!r}")
+    texts = _batched(reader(source, text_column, report))
+    _write(_pipeline(texts, _text_encoder(tokenizer, eos_id)), writer, report, progress)
+    return _finish(writer, report, source, f"text under {text_column!r}", started)
 
 
 def _build_supervised(
@@ -450,6 +614,7 @@ def _build_supervised(
     fmt: str,
     chat_template: Path | None,
     train_on: str,
+    started: float,
 ) -> BuildReport:
     """``build_corpus`` for the fine-tuning formats: masked token shards."""
     tokenizer = _load_hf_tokenizer(tokenizer_path, eos, chat_template)
@@ -468,15 +633,10 @@ def _build_supervised(
         vocab_size, _hf_identity(tokenizer_path, template), source, split_receipt, partition
     )
     writer = _ShardWriter(out, vocab_size, shard_tokens, masked=True)
-    for ids, mask in _supervised_documents(source, tokenizer, fmt, train_on, report):
-        writer.add(ids, mask)
-        report.documents += 1
-        report.tokens += len(ids)
-        report.supervised = (report.supervised or 0) + sum(mask)
-        if progress is not None and report.documents % _BATCH == 0:
-            progress.update(done=report.documents, tokens=report.tokens)
+    encode = _supervised_encoder(tokenizer, fmt, train_on, report)
+    _write(_pipeline(_batched(_rows(source)), encode), writer, report, progress)
     what = "prompt/completion pairs" if fmt == "prompt-completion" else "conversations"
-    return _finish(writer, report, source, what)
+    return _finish(writer, report, source, what, started)
 
 
 def _make_out(out: Path) -> None:
@@ -503,7 +663,8 @@ def _binding(
 
 class _ShardWriter:
     """Documents gathered into shards of about ``shard_tokens`` tokens (uint16, or
-    int32 for larger vocabularies), each with its mask file when ``masked``."""
+    int32 for larger vocabularies), each with its mask file when ``masked``: a shard
+    ends with the document that brings it to ``shard_tokens``."""
 
     def __init__(self, out: Path, vocab_size: int, shard_tokens: int, *, masked: bool) -> None:
         self.out = out
@@ -511,22 +672,35 @@ class _ShardWriter:
         self.shard_tokens = shard_tokens
         self.masked = masked
         self.names: list[str] = []
-        self.pending: list[np.ndarray] = []
+        # The pending shard, in pieces of batches: tokens, document lengths, masks.
+        self.tokens: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
         self.masks: list[np.ndarray] = []
         self.pending_tokens = 0
 
-    def add(self, ids: list[int], mask: list[int] | None) -> None:
-        self.pending.append(np.asarray(ids, dtype=np.int64))
-        if self.masked:
-            self.masks.append(np.asarray(mask, dtype=np.uint8))
-        self.pending_tokens += len(ids)
-        if self.pending_tokens >= self.shard_tokens:
-            self.flush()
+    def add(self, batch: _Encoded) -> None:
+        ends = np.cumsum(batch.lengths)  # each document's end in batch.tokens
+        first = 0  # the first document of the batch not yet in a shard
+        while first < len(ends):
+            start = int(ends[first - 1]) if first else 0
+            filled = self.pending_tokens + (ends[first:] - start)
+            # The document that fills the shard (len(ends) when none does).
+            full = first + int(np.searchsorted(filled, self.shard_tokens))
+            stop = min(full + 1, len(ends))
+            end = int(ends[stop - 1])
+            self.tokens.append(batch.tokens[start:end].astype(self.dtype))
+            self.lengths.append(batch.lengths[first:stop])
+            if batch.mask is not None:
+                self.masks.append(batch.mask[start:end])
+            self.pending_tokens += end - start
+            if full < len(ends):
+                self.flush()
+            first = stop
 
     def flush(self) -> None:
         name = f"shard-{len(self.names):05d}"
-        lengths = [len(ids) for ids in self.pending]
-        np.save(self.out / f"{name}.tokens.npy", np.concatenate(self.pending).astype(self.dtype))
+        lengths = np.concatenate(self.lengths)
+        np.save(self.out / f"{name}.tokens.npy", np.concatenate(self.tokens))
         np.save(
             self.out / f"{name}.offsets.npy",
             np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
@@ -534,12 +708,14 @@ class _ShardWriter:
         if self.masked:
             np.save(self.out / f"{name}.mask.npy", np.concatenate(self.masks))
         self.names.append(name)
-        self.pending, self.masks, self.pending_tokens = [], [], 0
+        self.tokens, self.lengths, self.masks, self.pending_tokens = [], [], [], 0
 
 
-def _finish(writer: _ShardWriter, report: BuildReport, source: Path, what: str) -> BuildReport:
-    """Flush the last shard and write the manifest."""
-    if writer.pending:
+def _finish(
+    writer: _ShardWriter, report: BuildReport, source: Path, what: str, started: float
+) -> BuildReport:
+    """Flush the last shard, write the manifest and time the build."""
+    if writer.lengths:
         writer.flush()
     if not writer.names:
         raise InvalidConfig(f"{str(source)!r} holds no {what}: nothing to build")
@@ -553,4 +729,8 @@ def _finish(writer: _ShardWriter, report: BuildReport, source: Path, what: str) 
     if writer.masked:
         manifest["mask"] = True
     (writer.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    elapsed = max(time.perf_counter() - started, 1e-9)
+    report.seconds = round(elapsed, 3)
+    report.documents_per_second = round(report.documents / elapsed, 1)
+    report.tokens_per_second = round(report.tokens / elapsed, 1)
     return report

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +16,9 @@ import pytest
 from _formats import WRITERS, documents, manifest, write_shard
 from _service import ROOT, env
 
-from streampack import BindingMismatch
+from streampack import BindingMismatch, InvalidConfig
 from streampack.corpus import open_corpus
+from streampack.corpus.build import build_corpus
 from streampack.corpus.inspect import inspect_corpus
 from streampack.windows import CutSpec, iter_windows
 
@@ -99,6 +103,10 @@ def test_build_writes_shards_that_round_trip(tmp_path):
     assert all(ids[0] == 1 and ids[-1] == 2 for ids in want)  # BOS/EOS from the tokenizer
     assert read_documents(tmp_path / "corpus") == want
     assert report["documents"] == len(TEXTS) and report["tokens"] == sum(map(len, want))
+    # The throughput figures agree with the counts and the time (seconds has 3 decimals).
+    assert report["seconds"] > 0
+    for count, rate in (("documents", "documents_per_second"), ("tokens", "tokens_per_second")):
+        assert abs(report[rate] * report["seconds"] - report[count]) <= 5e-4 * report[rate] + 1
     assert report["shards"] == len(list((tmp_path / "corpus").glob("*.tokens.npy"))) > 1
     assert np.load(tmp_path / "corpus" / "shard-00000.tokens.npy").dtype == np.uint16
     binding = report["binding"]
@@ -291,3 +299,55 @@ def test_build_shows_progress_on_a_terminal_only_without_quiet(tmp_path, quiet):
         assert shown == b""
     else:
         assert f"corpus build: {len(TEXTS)} documents".encode() in shown
+
+
+def build_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("corpus-build")]
+
+
+def test_a_build_stage_runs_a_bounded_way_ahead_and_stops_with_its_caller():
+    from streampack.corpus import build
+
+    produced = []
+
+    def endless():
+        for n in itertools.count():
+            produced.append(n)
+            yield n
+
+    stage = build._in_background(endless(), "corpus-build-test")
+    assert next(stage) == 0
+    time.sleep(0.2)  # time enough for an unbounded stage to run far ahead
+    stage.close()
+    # The one taken, the queue's, and the one the thread held when it stopped.
+    assert len(produced) == build._DEPTH + 2
+    assert build_threads() == []
+
+
+def test_a_reading_error_is_raised_by_the_build(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": TEXTS}), tmp_path / "text.parquet")
+    tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
+    with pytest.raises(InvalidConfig, match="has no column 'text'; its columns are \\['body'\\]"):
+        build_corpus(tmp_path / "text.parquet", tokenizer, tmp_path / "out")
+    assert build_threads() == []
+
+
+def test_a_failed_write_stops_the_reading_and_encoding_threads(tmp_path):
+    """A shard that cannot be written ends the build with the error, and no thread of
+    it goes on reading or encoding the rest of the input."""
+    tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
+    source = tmp_path / "text.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 200))
+    (tmp_path / "out" / "shard-00001.tokens.npy").mkdir(parents=True)  # np.save fails
+    with pytest.raises(IsADirectoryError) as failed:
+        build_corpus(source, tokenizer, tmp_path / "out", shard_tokens=50)
+    # Stopped by the build itself: the error (held here) still holds its frames.
+    assert failed.value.__traceback__ is not None and build_threads() == []
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "shard-00000.offsets.npy",
+        "shard-00000.tokens.npy",
+        "shard-00001.tokens.npy",
+    ]
