@@ -463,6 +463,8 @@ def select_examples(examples: Examples, ordinals: np.ndarray) -> Examples:
         source_id=examples.source_id[ordinals],
         example_id=examples.example_id[ordinals],
         mask=examples.mask,
+        source=examples.source[ordinals],
+        piece_start=examples.piece_start[ordinals],
     )
 
 

@@ -38,8 +38,30 @@ from .examples import Binding
 PAD_CELL = -1
 NO_SEGMENT = -1
 
-#: One record per occurrence. ``start``/``stop`` are storage columns in ``row``;
-#: ``range_start``/``range_stop`` the selected range inside document ``doc``.
+#: One record per occurrence: where it sits in the batch and where its tokens come from.
+#:
+#: - ``ordinal``: the example's index in the pack call (a window's document index in the
+#:   service); ``segment``: its segment ID, equal to ``ordinal`` (rule C3).
+#: - ``row``, ``start``, ``stop``: its storage cells, columns ``[start, stop)`` of ``row``
+#:   (the row counted in its batch); ``stop - start`` prediction pairs.
+#: - ``source``: the index of its source in the corpus manifest's ``sources`` (0 for a
+#:   corpus of one source, or the ``Examples.source`` column when packed in-process).
+#: - ``source_id``: its document's id in the corpus, the same for every format: the
+#:   document's position in the order the reader yields them (a shard corpus's document
+#:   index across shards, a JSON Lines corpus's non-blank line across files, a Parquet
+#:   corpus's row across row groups and files). In a mixture the sources' documents are
+#:   numbered one after another in manifest order: document ``i`` of source ``k`` has
+#:   id ``i`` plus the documents of the sources before ``k``; ``(source, source_id)``
+#:   names one document either way. In-process: the ``Examples.source_id`` column.
+#: - ``example_id``: the example's own id (a JSON Lines ``id`` field, else ``source_id``).
+#: - ``range_start``, ``range_stop``: its selected range in document coordinates, the
+#:   token positions in the corpus document as the reader yields it: the occurrence's
+#:   tokens (inputs, then the last target) are ``document_tokens[range_start:
+#:   range_stop]``, a piece of a split long document included. In-process: the example's
+#:   ``start``/``stop`` plus its ``Examples.piece_start``.
+#:
+#: The document inside the pack call is ``Examples.doc[ordinal]`` (the service's window
+#: holds each document once, so there it is ``ordinal``).
 OCCURRENCE_DTYPE = np.dtype(
     [
         ("ordinal", np.int64),
@@ -47,11 +69,11 @@ OCCURRENCE_DTYPE = np.dtype(
         ("start", np.int32),
         ("stop", np.int32),
         ("segment", np.int32),
+        ("source", np.int64),
         ("source_id", np.int64),
         ("example_id", np.int64),
         ("range_start", np.int64),
         ("range_stop", np.int64),
-        ("doc", np.int64),
     ]
 )
 
@@ -86,6 +108,15 @@ _BLOCK_ORDER = sorted(ARRAY_DTYPES, key=lambda name: -ARRAY_DTYPES[name].itemsiz
 #: What the compiled fillers take for "no supervision mask" (see ``kernels.pack_cpu``).
 _NO_MASK = np.zeros(0, np.uint8)
 _NO_MASK.flags.writeable = False
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def occurrence_sources(occurrences: np.ndarray) -> np.ndarray:
+    """int32 per occurrence record: its ``source`` (``CompactBatch.checked`` keeps each
+    within int32)."""
+    return occurrences["source"].astype(np.int32)
 
 
 def kernel_mask(mask: np.ndarray | None) -> np.ndarray:
@@ -159,9 +190,6 @@ class PackedBatch:
     occurrences: np.ndarray
     binding: Binding
     filler: bool = False
-    #: int32 per occurrence: the index, in the corpus manifest's ``sources``, of the source
-    #: each occurrence came from (all 0 for a corpus of one source; zeros when not given).
-    sources: np.ndarray = None  # type: ignore[assignment]
     #: The ``PackConfig.policy`` that placed the occurrences ("next_fit" or "best_fit").
     policy: str = "next_fit"
     #: Loss-eligible targets of this batch's whole optimizer step (every rank, every
@@ -171,9 +199,11 @@ class PackedBatch:
 
     ARRAY_FIELDS = tuple(ARRAY_DTYPES)
 
-    def __post_init__(self) -> None:
-        if self.sources is None:
-            object.__setattr__(self, "sources", np.zeros(len(self.occurrences), np.int32))
+    @property
+    def sources(self) -> np.ndarray:
+        """int32 per occurrence: its record's ``source``, the index in the corpus
+        manifest's ``sources`` of the source it came from (all 0 for one source)."""
+        return occurrence_sources(self.occurrences)
 
     def cell_sources(self) -> np.ndarray:
         """``[rows, capacity]`` int32: the source index of every cell's occurrence, -1 in
@@ -459,14 +489,14 @@ class CompactBatch:
     capacity: int
     binding: Binding
     filler: bool = False
-    sources: np.ndarray = None  # type: ignore[assignment]  # as PackedBatch.sources
     policy: str = "next_fit"  # as PackedBatch.policy
     mask: np.ndarray | None = None  # uint8 0/1 per entry of ``tokens``, or None
     step_targets: int | None = None  # as PackedBatch.step_targets
 
-    def __post_init__(self) -> None:
-        if self.sources is None:
-            object.__setattr__(self, "sources", np.zeros(len(self.occurrences), np.int32))
+    @property
+    def sources(self) -> np.ndarray:
+        """As ``PackedBatch.sources``."""
+        return occurrence_sources(self.occurrences)
 
     @classmethod
     def filler_like(
@@ -500,14 +530,17 @@ class CompactBatch:
             fail(f"occurrences dtype {occ.dtype} shape {occ.shape}; expected 1-D records")
         if tokens.dtype not in (np.int32, np.uint16) or tokens.ndim != 1:
             fail(f"tokens dtype {tokens.dtype} shape {tokens.shape}; expected 1-D int32 or uint16")
-        sources = self.sources
-        if sources.dtype != np.int32 or sources.shape != occ.shape:
-            fail(
-                f"sources dtype {sources.dtype} shape {sources.shape}; expected int32, one "
-                f"per occurrence ({occ.shape[0]})"
-            )
-        if sources.size and int(sources.min()) < 0:
-            fail(f"source index {int(sources.min())}; accepted: >= 0")
+        if occ.size:
+            source = occ["source"]
+            low, high = int(source.min()), int(source.max())
+            if low < 0 or high > _INT32_MAX:
+                fail(
+                    f"source index {low if low < 0 else high}; accepted: 0..{_INT32_MAX} "
+                    "(the source's index in the manifest)"
+                )
+            low = int(occ["range_start"].min())
+            if low < 0:
+                fail(f"range_start {low}; accepted: >= 0 (a position in the document)")
         self._check_mask(fail)
         if self.policy not in POLICIES:
             fail(f"policy {self.policy!r}; accepted: {', '.join(map(repr, POLICIES))}")
@@ -592,7 +625,6 @@ class CompactBatch:
             **arrays,  # type: ignore[arg-type]
             occurrences=self.occurrences,
             binding=self.binding,
-            sources=self.sources,
             policy=self.policy,
             step_targets=self.step_targets,
         )
@@ -605,7 +637,7 @@ class CompactBatch:
     @property
     def nbytes(self) -> int:
         mask = 0 if self.mask is None else self.mask.nbytes
-        return int(self.tokens.nbytes + self.occurrences.nbytes + self.sources.nbytes + mask)
+        return int(self.tokens.nbytes + self.occurrences.nbytes + mask)
 
     @property
     def real_tokens(self) -> int:

@@ -31,7 +31,7 @@ an earlier batch (``BatchMemory``).
 ``StreamDigest`` defines the digest ``streampack consume`` and ``streampack digest``
 print: SHA-256 over, per batch in order, ``epoch`` and ``index`` (little-endian
 int64), the filler flag (one byte), every array of ``PackedBatch.ARRAY_FIELDS``, the
-occurrence records and their source indices, as little-endian C-order bytes.
+occurrence records (each names its source), as little-endian C-order bytes.
 """
 
 from __future__ import annotations
@@ -229,8 +229,7 @@ class StreamDigest:
         for name in batch.ARRAY_FIELDS:
             array = getattr(batch, name)
             h.update(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).data)
-        h.update(np.ascontiguousarray(batch.occurrences).data)
-        h.update(np.ascontiguousarray(batch.sources, dtype="<i4").data)
+        h.update(np.ascontiguousarray(batch.occurrences).data)  # each names its source
         self.batches += 1
         self.fillers += int(bool(batch.filler))
         self.tokens += int(np.asarray(batch.valid_lengths).sum())

@@ -105,6 +105,13 @@ class Examples:
     #: uint8 0/1 per token of ``tokens`` (bool or integer 0/1 accepted), or None: every
     #: valid target supervised (rule C5).
     mask: np.ndarray | None = None
+    #: Per example, carried to its occurrence records (see ``OCCURRENCE_DTYPE``): the
+    #: index of its source in a mixture (int64 in 0..2**31-1; zeros when None) and where
+    #: its document's token 0 lies in the caller's own document (>= 0; zeros when None:
+    #: non-zero for a piece cut from a longer document), which the record adds to
+    #: ``start``/``stop`` so that its range is in the caller's document coordinates.
+    source: np.ndarray = field(default=None)  # type: ignore[arg-type]
+    piece_start: np.ndarray = field(default=None)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -128,6 +135,9 @@ class Examples:
                     f"{name} has {getattr(self, name).shape[0]} entries but doc has {count}; "
                     "every per-example column needs one entry per example"
                 )
+        source, piece_start = location_columns(count, self.source, self.piece_start)
+        put(self, "source", source)
+        put(self, "piece_start", piece_start)
         check_offsets(self.offsets, self.tokens.shape[0])
         check_ranges(self.offsets, self.doc, self.start, self.stop, self.describe)
         if self.mask is not None:
@@ -247,6 +257,32 @@ class Examples:
                     f"accepted: 0..{vocab_size - 1}"
                 )
         # Out-of-vocabulary tokens outside every selected range are never read.
+
+
+def location_columns(
+    count: int, source: object, piece_start: object
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``source`` and ``piece_start`` columns of ``count`` examples (zeros for None),
+    checked: one entry per example, a source in 0..2**31-1, a piece start >= 0."""
+    columns = []
+    for name, values, high in (
+        ("source", source, _INT32_MAX),
+        ("piece_start", piece_start, None),
+    ):
+        column = (
+            np.zeros(count, np.int64) if values is None else integer_column(name, values, np.int64)
+        )
+        if column.shape[0] != count:
+            raise InvalidExample(
+                f"{name} has {column.shape[0]} entries for {count} examples; "
+                "every per-example column needs one entry per example"
+            )
+        if column.size and (int(column.min()) < 0 or (high is not None and column.max() > high)):
+            bad = int(column.min()) if int(column.min()) < 0 else int(column.max())
+            accepted = f"0..{high}" if high is not None else ">= 0"
+            raise InvalidExample(f"{name} holds {bad}; accepted: {accepted}")
+        columns.append(column)
+    return columns[0], columns[1]
 
 
 def describe_example(i: int, source_id: np.ndarray, example_id: np.ndarray) -> str:

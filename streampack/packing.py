@@ -80,6 +80,7 @@ from .examples import (
     check_ranges,
     describe_example,
     integer_column,
+    location_columns,
 )
 from .kernels.pack_cpu import (
     fill_rows,
@@ -363,11 +364,15 @@ def plan_ranges(
     source_id: np.ndarray,
     example_id: np.ndarray,
     config: PackConfig,
+    *,
+    source: np.ndarray | None = None,
+    piece_start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`plan_compact` for documents whose tokens are held elsewhere.
 
     Example ``i`` selects ``[start[i], stop[i])`` of document ``i``, whose boundaries are
-    ``offsets``. Placement, range and budget rules are those of ``plan_compact``;
+    ``offsets``; ``source`` and ``piece_start`` are the ``Examples`` columns of those
+    names (zeros when None). Placement, range and budget rules are those of ``plan_compact``;
     without tokens there is no vocabulary to check, so whoever adds the tokens checks
     them (the producer checks every batch it assembles, as a consumer does).
     """
@@ -392,6 +397,7 @@ def plan_ranges(
             f"ids; got {offsets.shape[0]}, {stop.shape[0]}, {source_id.shape[0]}, "
             f"{example_id.shape[0]}"
         )
+    source, piece_start = location_columns(count, source, piece_start)
     _enforce_budget(planner_bytes(count, config.open_row_limit), config, "planning")
     check_offsets(offsets, int(offsets[-1]))  # no tokens here to end at: start, order
     doc = np.arange(count, dtype=np.int64)
@@ -403,7 +409,14 @@ def plan_ranges(
     lengths = stop - start - 1
     _check_lengths(lengths, config, describe)
     plan, _ = _place(lengths, config, compact=True)
-    ranges = _Ranges(doc=doc, start=start, stop=stop, source_id=source_id, example_id=example_id)
+    ranges = _Ranges(
+        start=start,
+        stop=stop,
+        source_id=source_id,
+        example_id=example_id,
+        source=source,
+        piece_start=piece_start,
+    )
     return _plans(ranges, plan, config)
 
 
@@ -411,11 +424,12 @@ def plan_ranges(
 class _Ranges:
     """The columns of ``Examples`` that occurrence records copy (no tokens)."""
 
-    doc: np.ndarray
     start: np.ndarray
     stop: np.ndarray
     source_id: np.ndarray
     example_id: np.ndarray
+    source: np.ndarray
+    piece_start: np.ndarray
 
 
 def _plans(
@@ -579,7 +593,9 @@ def _occurrence_records(
     examples: Examples | _Ranges, plan: _Plan, rows_per_batch: int
 ) -> np.ndarray:
     """One record per occurrence, in placement order (row by row, left to right); ``row``
-    is local to the occurrence's batch, ``ordinal`` (= segment) the supplied index."""
+    is local to the occurrence's batch, ``ordinal`` (= segment) the supplied index. The
+    range is the one selected, in the caller's document coordinates: the tokens were
+    selected by ``start``/``stop``, the record adds the example's ``piece_start``."""
     count = len(plan.lengths)
     # Next-fit places in supplied order: take each column whole rather than gathered.
     at: slice | np.ndarray = slice(None) if plan.in_supplied_order else plan.order
@@ -589,9 +605,10 @@ def _occurrence_records(
     records["start"] = plan.column_of[at]
     records["stop"] = records["start"] + plan.lengths[at]
     records["segment"] = records["ordinal"]
+    records["source"] = examples.source[at]
     records["source_id"] = examples.source_id[at]
     records["example_id"] = examples.example_id[at]
-    records["range_start"] = examples.start[at]
-    records["range_stop"] = examples.stop[at]
-    records["doc"] = examples.doc[at]
+    piece_start = examples.piece_start[at]
+    records["range_start"] = examples.start[at] + piece_start
+    records["range_stop"] = examples.stop[at] + piece_start
     return records

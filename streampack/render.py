@@ -201,9 +201,10 @@ def _segments_legend(
         segment, start, stop = int(record["segment"]), int(record["start"]), int(record["stop"])
         swatch = paint.segment(_glyph(segment) * 2, segment)
         text = (
-            f"segment {segment}: columns [{start}, {stop}), source "
-            f"{int(record['source_id'])} (example {int(record['example_id'])}), range "
-            f"[{int(record['range_start'])}, {int(record['range_stop'])}), positions "
+            f"segment {segment}: columns [{start}, {stop}), document "
+            f"{int(record['source_id'])} of source {int(record['source'])} (example "
+            f"{int(record['example_id'])}), range [{int(record['range_start'])}, "
+            f"{int(record['range_stop'])}), positions "
             f"0..{stop - start - 1}"
         )
         wrapped = _wrap(text, width - 5, "     ")

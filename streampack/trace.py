@@ -152,7 +152,7 @@ def trace(path: Path) -> dict[str, Any]:
         "rows": [_row(batch, r) for r in range(batch.rows)],
         "occurrences": [
             {field: int(record[field]) for field in record.dtype.names}
-            | {"document": names[int(record["doc"])]}
+            | {"document": names[int(examples.doc[record["ordinal"]])]}
             for record in batch.occurrences
         ],
         "allowed_keys": [

@@ -97,11 +97,18 @@ class Window:
     offsets: np.ndarray  # int64, len(surviving) + 1
     start: np.ndarray  # int64 per surviving document: its selected range
     stop: np.ndarray
-    source_id: np.ndarray  # int64: corpus position of each surviving document
+    # int64: each surviving document's id in the corpus (``OCCURRENCE_DTYPE``'s
+    # ``source_id``: its position in the order the reader yields them; in a mixture,
+    # numbered across the sources in manifest order)
+    source_id: np.ndarray
     example_id: np.ndarray  # int64
     quarantined: list[dict[str, Any]]
     # int32 per surviving document: its source in a mixture (0 for a corpus of one source)
     source_index: np.ndarray = None  # type: ignore[assignment]
+    # int64 per surviving document: where its token 0 lies in its corpus document (0
+    # unless it is a piece of a split long document); occurrence records add it to the
+    # range, which ``start``/``stop`` give in the window's tokens
+    piece_start: np.ndarray = None  # type: ignore[assignment]
     documents_split: int = 0  # long documents cut into ranges (long_documents = "split")
     pairs_cut: int = 0  # prediction pairs those cuts did not form
     # ranges of those cuts left with no supervised target (a masked corpus): dropped
@@ -114,6 +121,8 @@ class Window:
     def __post_init__(self) -> None:
         if self.source_index is None:
             self.source_index = np.zeros(len(self.start), np.int32)
+        if self.piece_start is None:
+            self.piece_start = np.zeros(len(self.start), np.int64)
 
     @functools.cached_property
     def whole_documents(self) -> bool:
@@ -127,7 +136,9 @@ class Window:
         return int(
             self.tokens.nbytes
             + self.offsets.nbytes
-            + self.start.nbytes * 5  # start, stop, source_id, example_id, doc
+            # start, stop, source_id, example_id, doc, piece_start; source_index
+            + self.start.nbytes * 6
+            + self.source_index.nbytes
             + (0 if self.mask is None else self.mask.nbytes)
         )
 
@@ -206,6 +217,8 @@ class Window:
             "doc": np.arange(len(self.start), dtype=np.int64),
             "start": self.start,
             "stop": self.stop,
+            "piece_start": self.piece_start,
+            "source": self.source_index,
             "source_id": self.source_id,
             "example_id": self.example_id,
             "mask": np.zeros(0, np.uint8) if self.mask is None else self.mask,
@@ -426,6 +439,8 @@ class _Columns:
     source_index: np.ndarray | None
     mask: np.ndarray | None
     mask_lengths: np.ndarray | None
+    # where each document's token 0 lies in its corpus document (set by _split_long)
+    piece_starts: np.ndarray | None = None
 
     def keep(self, keep: np.ndarray) -> _Columns:
         """Only the documents where ``keep``, in order; the mask keeps their values."""
@@ -442,6 +457,7 @@ class _Columns:
             source_index=None if self.source_index is None else self.source_index[keep],
             mask=mask,
             mask_lengths=None if self.mask_lengths is None else self.mask_lengths[keep],
+            piece_starts=None if self.piece_starts is None else self.piece_starts[keep],
         )
 
     def supervised(self) -> np.ndarray:
@@ -552,6 +568,11 @@ def _screen(
             np.zeros(len(columns.starts), np.int32)
             if columns.source_index is None
             else columns.source_index
+        ),
+        piece_start=(
+            np.zeros(len(columns.starts), np.int64)
+            if columns.piece_starts is None
+            else columns.piece_starts
         ),
         documents_split=documents_split,
         pairs_cut=pairs_cut,
@@ -669,7 +690,8 @@ def _mask_reasons(columns: _Columns, mark: Any) -> None:
 def _split_long(columns: _Columns, limit: int) -> tuple[_Columns, int, int]:
     """Replace each document whose range exceeds ``limit`` tokens by its ranges
     (``long_documents.split_ranges``), each one a document of its own (selected whole,
-    same source and example ids, its own slice of the mask), in place and in order.
+    same source and example ids, its own slice of the mask, its ``piece_start`` in the
+    document it was cut from), in place and in order.
     The window's tokens keep only what some range selects. Returns the new columns,
     the documents split and the pairs cut."""
     lengths, starts, stops = columns.lengths, columns.starts, columns.stops
@@ -690,6 +712,8 @@ def _split_long(columns: _Columns, limit: int) -> tuple[_Columns, int, int]:
     new_stops = stops[source_doc].copy()
     new_starts[is_piece] = 0
     new_stops[is_piece] = length[is_piece]
+    piece_starts = np.zeros(len(source_doc), np.int64)
+    piece_starts[is_piece] = piece_start
     gather = np.repeat(first - (np.cumsum(length) - length), length) + np.arange(int(length.sum()))
     pieces = _Columns(
         tokens=columns.tokens[gather],
@@ -702,6 +726,7 @@ def _split_long(columns: _Columns, limit: int) -> tuple[_Columns, int, int]:
         # Every kept document's mask is its tokens' length here: the same gather.
         mask=None if columns.mask is None else columns.mask[gather],
         mask_lengths=None if columns.mask is None else length,
+        piece_starts=piece_starts,
     )
     return pieces, len(long), int(cut.sum())
 

@@ -1,9 +1,9 @@
-"""The wire protocol between producer, pack workers and consumers (version 7).
+"""The wire protocol between producer, pack workers and consumers (version 8).
 
 Every message is a ZeroMQ multipart message::
 
     frame 0      header: one msgpack map, keys in this order
-                   "v"  protocol version (int, 7)
+                   "v"  protocol version (int, 8)
                    "k"  kind (str, one of KINDS)
                    ...  the kind's fields, in the order KINDS lists them
                    "f"  one [name, dtype, shape] triple per following frame
@@ -14,7 +14,7 @@ For example ``encode_header("ready", {"credit": 2, "needs_tokens": False})`` is 
 37 bytes (the tests pin them)::
 
     85                    map of 5
-    a1 76 07              "v": 7
+    a1 76 08              "v": 8
     a1 6b a5 72 65 61 64 79      "k": "ready"
     a6 63 72 65 64 69 74 02      "credit": 2
     ac 6e 65 65 64 73 5f 74 6f 6b 65 6e 73 c2      "needs_tokens": false
@@ -28,9 +28,13 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  restart
     window     P->W  epoch window binding config with_tokens
                                                  frames: tokens offsets doc start stop
-                                                 source_id example_id mask (tokens and
-                                                 mask empty unless with_tokens: planning
-                                                 needs only ranges)
+                                                 piece_start source source_id example_id
+                                                 mask (tokens and mask empty unless
+                                                 with_tokens: planning needs only ranges;
+                                                 `piece_start`, int64, and `source`,
+                                                 int32, per document, version 8: what
+                                                 the occurrence records carry to locate
+                                                 each document in the corpus)
     packed     W->P  epoch window capacity seconds audited audit_failures audit_error
                                                  frames: occurrences batch_sizes (the plans
                                                  of all the window's batches: records in
@@ -54,11 +58,12 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  targets of the batch's optimizer step
                                                  for the asking rank's world size, -1
                                                  unknown, version 7)
-                                                 frames: tokens occurrences sources mask
+                                                 frames: tokens occurrences mask
                                                  (a compact batch: the selected tokens,
-                                                 occurrence records, each occurrence's
-                                                 source index in a mixture, int32, and
-                                                 the tokens' supervision mask, version 7)
+                                                 occurrence records, which name each
+                                                 occurrence's source since version 8,
+                                                 and the tokens' supervision mask,
+                                                 version 7)
     epoch_end  P->C  epoch per_rank total        `index` is past this rank's share
     stream_end P->C  epochs                      no more epochs
     health     C->P  (none)                      are you serving?
@@ -68,7 +73,9 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
 A ``mask`` frame (version 7) is the supervision mask of the message's ``tokens``
 (rule C5): uint8, one 0 or 1 per token, or empty when the corpus has no mask (a real
 batch always has tokens, so empty cannot be mistaken for a mask). A mask of another
-length, or a value other than 0/1, is refused like any malformed message.
+length, or a value other than 0/1, is refused like any malformed message; so is a
+window's ``piece_start`` or ``source`` frame that is not one value >= 0 per document
+(``check_window_frames``).
 
 Frame dtypes come from a fixed short list per frame name (``FRAME_DTYPES``: tokens may
 be int32, or uint16 when the vocabulary fits); a receiver never builds a
@@ -96,7 +103,7 @@ from streampack.examples import Binding, Examples
 if TYPE_CHECKING:
     import zmq
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 _INT = "int"
 _STR = "str"
@@ -113,8 +120,11 @@ _FLOAT = "float"
 # its tokens to a worker that only plans (version 4): next-fit needs the ranges alone,
 # and the tokens were half the bytes of a window message and a copy in the worker.
 # The supervision mask (version 7) travels with the tokens it marks, one byte a token,
-# and only with them: a worker that only plans needs neither.
-BATCH_FRAMES = ("tokens", "occurrences", "sources", "mask")
+# and only with them: a worker that only plans needs neither. Since version 8 the
+# occurrence records locate every occurrence in the corpus (its source, and its range
+# in document coordinates): a window carries each document's source and piece start,
+# and the batch's separate per-occurrence ``sources`` frame is gone.
+BATCH_FRAMES = ("tokens", "occurrences", "mask")
 PLAN_FRAMES = ("occurrences", "batch_sizes")
 WINDOW_FRAMES = (
     "tokens",
@@ -122,6 +132,8 @@ WINDOW_FRAMES = (
     "doc",
     "start",
     "stop",
+    "piece_start",
+    "source",
     "source_id",
     "example_id",
     "mask",
@@ -193,11 +205,12 @@ _MAX_FRAMES = max(len(frames) for _, frames in KINDS.values())
 # Tokens travel as uint16 when the vocabulary fits (``token_dtype``): half the bytes.
 FRAME_DTYPES: dict[str, tuple[str, ...]] = {
     "tokens": ("<i4", "<u2"),
-    "sources": ("<i4",),
     "offsets": ("<i8",),
     "doc": ("<i8",),
     "start": ("<i8",),
     "stop": ("<i8",),
+    "piece_start": ("<i8",),
+    "source": ("<i4",),
     "source_id": ("<i8",),
     "example_id": ("<i8",),
     "occurrences": ("occurrence",),
@@ -510,7 +523,6 @@ def batch_arrays(batch: CompactBatch) -> dict[str, np.ndarray]:
     return {
         "tokens": batch.tokens,
         "occurrences": batch.occurrences,
-        "sources": batch.sources,
         "mask": NO_MASK if batch.mask is None else batch.mask,
     }
 
@@ -532,9 +544,27 @@ def mask_from_frames(arrays: Mapping[str, np.ndarray]) -> np.ndarray | None:
     return mask
 
 
+def check_window_frames(arrays: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """Refuse (``ProtocolError``) a window whose ``piece_start`` or ``source`` frame is
+    not one value per document (as ``start``), a negative one of them, or a malformed
+    mask; returns the mask (``mask_from_frames``)."""
+    documents = arrays["start"].shape
+    for name in ("piece_start", "source"):
+        frame = arrays[name]
+        if frame.shape != documents:
+            raise ProtocolError(
+                f"{name} frame of shape {list(frame.shape)} for {documents[0]} documents; "
+                "expected one value per document"
+            )
+        if frame.size and int(frame.min()) < 0:
+            raise ProtocolError(f"{name} frame holds {int(frame.min())}; accepted: >= 0")
+    return mask_from_frames(arrays)
+
+
 def window_examples(arrays: Mapping[str, np.ndarray]) -> Examples:
     """The examples of one window's frames (validated by ``Examples``), with the
     window's supervision mask when it has one (an empty ``mask`` frame: none)."""
+    mask = check_window_frames(arrays)
     return Examples(
         tokens=arrays["tokens"],
         offsets=arrays["offsets"],
@@ -543,7 +573,9 @@ def window_examples(arrays: Mapping[str, np.ndarray]) -> Examples:
         stop=arrays["stop"],
         source_id=arrays["source_id"],
         example_id=arrays["example_id"],
-        mask=mask_from_frames(arrays),
+        mask=mask,
+        source=arrays["source"],
+        piece_start=arrays["piece_start"],
     )
 
 
@@ -572,7 +604,6 @@ def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) ->
         return CompactBatch(
             tokens=message.arrays["tokens"],
             occurrences=message.arrays["occurrences"],
-            sources=message.arrays["sources"],
             rows=f["rows"],
             capacity=f["capacity"],
             binding=binding_from_wire(f["binding"]),

@@ -108,11 +108,11 @@ def reference_pack(examples: Examples, binding: Binding, config: PackConfig) -> 
                         column,
                         column + len(inputs),
                         ordinal,
+                        examples.source[ordinal],
                         examples.source_id[ordinal],
                         examples.example_id[ordinal],
-                        examples.start[ordinal],
-                        examples.stop[ordinal],
-                        examples.doc[ordinal],
+                        examples.start[ordinal] + examples.piece_start[ordinal],
+                        examples.stop[ordinal] + examples.piece_start[ordinal],
                     )
                 )
                 column += len(inputs)

@@ -5,8 +5,9 @@ play a slow trainer), shows a progress line on stderr when that is a terminal, a
 prints one JSON line on stdout at the end: batches, fillers, tokens, seconds, tokens/s, the running
 ``StreamDigest`` of everything received and the resume cursor. ``--state-in`` resumes
 from a cursor saved by ``--state-out``; ``--record`` writes the identity of every
-occurrence received (source_id, range_start, range_stop) as a ``.npy`` file, which the
-tests use to check that every selected pair arrived exactly once.
+occurrence received (source_id, range_start, range_stop, source: its document and range
+in the corpus, ``OCCURRENCE_DTYPE``) as a ``.npy`` file, which the tests use to check
+that every selected pair arrived exactly once.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from ..settings import (
 
 
 def occurrence_ids(batch: Any) -> np.ndarray:
-    """[n, 3] int64: (source_id, range_start, range_stop) of each occurrence."""
+    """[n, 4] int64: (source_id, range_start, range_stop, source) of each occurrence:
+    which document of which source, and which of its tokens."""
     occ = batch.occurrences
     return (
-        np.stack([occ["source_id"], occ["range_start"], occ["range_stop"]], axis=1)
+        np.stack([occ["source_id"], occ["range_start"], occ["range_stop"], occ["source"]], axis=1)
         .astype(np.int64)
-        .reshape(-1, 3)
+        .reshape(-1, 4)
     )
 
 
@@ -180,7 +182,7 @@ def _write_outputs(
 
         save_batch(last, args.save_batch)
     if args.record:
-        np.save(args.record, np.concatenate(records) if records else np.zeros((0, 3), np.int64))
+        np.save(args.record, np.concatenate(records) if records else np.zeros((0, 4), np.int64))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -73,13 +73,24 @@ def _free_port() -> int:
 
 
 def expected_pairs(corpus: Path, spec: CutSpec) -> tuple[np.ndarray, int, dict[str, int]]:
-    """The (source_id, range_start, range_stop) the service must deliver, screened alike."""
+    """The (source_id, range_start, range_stop, source) the service must deliver (as
+    ``consume.occurrence_ids``), screened alike; ranges in document coordinates."""
     rows = []
     documents = 0
     reasons: dict[str, int] = collections.Counter()
     for window in iter_windows(open_corpus(corpus), 0, spec):
         documents += window.documents
-        rows.append(np.stack([window.source_id, window.start, window.stop], axis=1))
+        rows.append(
+            np.stack(
+                [
+                    window.source_id,
+                    window.piece_start + window.start,
+                    window.piece_start + window.stop,
+                    window.source_index,
+                ],
+                axis=1,
+            )
+        )
         for record in window.quarantined:
             reasons[record["reason"]] += 1
     return np.concatenate(rows), documents, dict(reasons)
@@ -253,7 +264,7 @@ def _summary(
     got = (
         np.concatenate([i for r in ranks for i in r.ids])
         if any(r.ids for r in ranks)
-        else np.zeros((0, 3), np.int64)
+        else np.zeros((0, 4), np.int64)
     )
 
     def in_order(a: np.ndarray) -> np.ndarray:

@@ -36,11 +36,7 @@ def epoch_batches(settings: ProducerSettings, source: Any, epoch: int) -> Iterat
     for window in iter_windows(source, epoch, CutSpec.from_settings(settings)):
         if len(window.start) == 0:
             continue
-        for batch in pack_examples(wire.window_examples(window.arrays()), binding, config).batches:
-            # Each occurrence's source in a mixture, as the producer attaches it.
-            yield dataclasses.replace(
-                batch, sources=window.source_index[batch.occurrences["ordinal"]]
-            )
+        yield from pack_examples(wire.window_examples(window.arrays()), binding, config).batches
 
 
 def rank_stream(

@@ -6,7 +6,7 @@ computes the contract's plan itself, with the very function workers plan with
 worker's answer only when it is *exactly* that plan: every occurrence record byte for
 byte and every batch size. Planning a window costs microseconds; what the workers
 save the producer is the audit and the message traffic, not the planning. A plan that
-differs in any way (not next-fit, a rewritten ``doc`` column, a shifted ordinal, a
+differs in any way (not next-fit, a rewritten ``source`` column, a shifted ordinal, a
 changed range) is refused; the stream a trainer receives can therefore only be the one
 ``streampack digest`` computes.
 
@@ -50,7 +50,14 @@ def contract_plan(window: Window, config: PackConfig) -> ContractPlan:
     refuses the window: a budget too small, a document longer than a row)."""
     try:
         occurrences, sizes = plan_ranges(
-            window.offsets, window.start, window.stop, window.source_id, window.example_id, config
+            window.offsets,
+            window.start,
+            window.stop,
+            window.source_id,
+            window.example_id,
+            config,
+            source=window.source_index,
+            piece_start=window.piece_start,
         )
     except StreampackError as exc:
         empty = np.zeros(0, np.int64)
@@ -123,7 +130,6 @@ def plan_batches(
                 rows=rows,
                 capacity=capacity,
                 binding=binding,
-                sources=window.source_index[ordinals],
                 policy=policy,
             )
         )

@@ -144,6 +144,8 @@ class Worker:
                     arrays["source_id"],
                     arrays["example_id"],
                     config,
+                    source=arrays["source"],
+                    piece_start=arrays["piece_start"],
                 )
         except StreampackError as exc:
             self.counters["failed"] += 1
@@ -238,7 +240,7 @@ class Worker:
                             raise wire.ProtocolError(
                                 f"a worker accepts 'window' messages, not {message.kind!r}"
                             )
-                        wire.mask_from_frames(message.arrays)  # a bad mask is malformed
+                        wire.check_window_frames(message.arrays)  # malformed otherwise
                     except wire.ProtocolError as exc:
                         self.counters["rejected"] += 1
                         logger.warning("rejected a message: %s", exc)

@@ -43,10 +43,16 @@ def window_digest(path: Path, spec: CutSpec) -> str:
         ]
         h.update(json.dumps(fields, sort_keys=True).encode())
         for name, a in w.arrays().items():
-            if name != "mask":  # the mask's wire frame came after the pin; hashed below
+            # The mask's, the source's and the piece starts' frames came after the pin:
+            # hashed below (the source's as it was before it was a frame).
+            if name not in ("mask", "source", "piece_start"):
                 h.update(name.encode() + str(a.dtype).encode() + a.tobytes())
         h.update(w.source_index.tobytes())
         h.update(b"no mask" if w.mask is None else w.mask.tobytes())
+        # A piece of a split document starts inside it (all 0 elsewhere, as before
+        # piece starts existed: an unsplit window's digest is the one pinned then).
+        if w.piece_start.any():
+            h.update(b"piece_start" + w.piece_start.tobytes())
     return h.hexdigest()
 
 
@@ -123,103 +129,105 @@ def write_case(root: Path, case: str) -> Path:
 SPEC = {"capacity": 40, "window_documents": 23, "window_tokens": 700, "seed": 5}
 
 # case -> digests: long documents quarantined (in order, shuffled), then split (in
-# order, shuffled; a mixture's sources keep their own policy). Computed at b1359c1.
+# order, shuffled; a mixture's sources keep their own policy). Computed at b1359c1;
+# the split ones again when windows gained each piece's start in its document (the
+# other fields of those windows unchanged; these corpora's mixtures split nothing).
 PINS: dict[str, tuple[str, str, str, str]] = {
     "shards": (
         "08f614029832db4eef3c6cf440b6227e44ba0ac05faae05972c76959ae8cb1a4",
         "bc395f4fd3688c71573c66377d07edb6ba57025deb6f1b3bc383601d589979cd",
-        "6b34db549e81756abb47e1da316ac7014e28954170b34d4813c253c3f7772d32",
-        "bef36883fee083310ec1b4bbdecc160ace5fede441886207c854b3e8f17dbccc",
+        "463b49fbf3c63738d9c23de0772d1423f0a23a7f050c34ea2baa9e91503f3c92",
+        "28d62a3c9588dff2b2be70aa720cbb8a7d600fa96e6f2c04de3681e05d585873",
     ),
     "jsonl": (
         "50024a737be6f1c0f911846a76cb269487066ad6b7b0a0e22df7a3eb612683a7",
         "1f100ddd5f0b4f0aa25eb7701a470c69c828935ea95145179b805432a794eb81",
-        "5331c9c7d25d36bb4f6cca1f35453661c66389402fefe61ced8bd83e5bd1dc95",
-        "52caafeb10369ae5ed546d270efaa39d7b91d5133d21153ee9dc05ad777dcdc9",
+        "e3e572dd714cd301d44361a1e56d366a91e542e14be50c3cb1f72ea3d3029002",
+        "eb290b82be9b133a38245468af4241959cc7fadba1f11d6fdfd2886fac85bca8",
     ),
     "parquet": (
         "ef7c16e42f854b2eb95aa51f9f4f24238368266f7b4d5248406fd90f071ec017",
         "d26e314422ab696ef8faa20bd35b7a0eca0a340ecd18fdff290320a63a0da932",
-        "5dc40edd36bef96f082f6929be9dd89d7a28014c7442c1d113fb52e87fbb8cb1",
-        "a1b6f3b04f2934c071df6307455ab48cfdcda4b9fd51fecb54aaec37793e1394",
+        "7c060b9ed5aac01d28cebdf4f0f97d8c9d1ebe34edb38c28b6f037d7276ebaeb",
+        "52158bac8b562d5cd6dfa8ff432327f5db40c6d4062256c2b4c7eddd434a8534",
     ),
     "hf_dataset": (
         "03dd8dcb2e2163d627b45655cc47483a7883debffc309ce808f485683d4c936d",
         "42d43be1e02a218d814211e8b1c9d28f654f054e76547e2a03229f4e64cd332d",
-        "f29a40fbe2dc8a11aea847bd3f6aca4871bf5770a44d0c85916daa082e506740",
-        "ab73ea0bedd152a043a8ecf57dc85150d8db88f9666ddfd45527fcd48b1d9669",
+        "0611adea51a47bc0991c880162254cf88f1a8189b577b83fffc2ebdaf57b647f",
+        "682a42fc5cf80cd95478dc837a2d663cfc948c14a3fed7aa5fb1fe173c017225",
     ),
     "arrow_file": (
         "07d732c44754d116c5b84b4ee3f795bb92e586360fe49a6eb8daf20af76fd346",
         "ac88ad7e7acc67844c7f7d5703e39e9e1bfeed102563d3fa39dee5e1d1c87a17",
-        "6a655944242051802c8527fd7b9c1ba75fdec581a9f24f3629095f20a2ca902f",
-        "8f28977fb0b1a3a03aec1dfa92f5cd14c4fe52b8c51558d73021a70f6f7e5c5b",
+        "bd57e540ddd22ea9cfc578c1684b1a867d9e2039c7d389d42f9868e47f644ac0",
+        "5bb7b9c7425e0c87ad9d4cef78a2c72bce864586057ccb5e98c47de214bf47fc",
     ),
     "megatron": (
         "7dcc5ae79cf94cf9fb3f00d04da7c03f8cf54b6f3e1f4584835f2973b2cd8dff",
         "64c84c2bf1c2a011c460d78745328af4c658868fcdd3230fe6b602997d6353fe",
-        "de0247609e556f77f50d31c1e5d1bc03f761182f18eaf250da01bccc8a8a537a",
-        "2815a2be7d6ee008c8e0063a38e883304bd40d1f8419b65c99de01243200b392",
+        "609ab94e276bcc3963b67fc8e2ddd2978c5ee07bbfae255286e63379685f2d65",
+        "0219f868c9cb611ec34c8ecdcd5e2019c2ae9e4eba0913c3d22cb904d8964a1f",
     ),
     "shards_uint8": (
         "7290db128f657ce284db6c9e66d5eb660078120e27fa80fc79c1e951a1d5e9f1",
         "54082eaa1b3b40059e743eb32403a5308b270da9f3feb04b3e5d228dcdc5f423",
-        "ee4ba922af193739c0df83a371f27b3859032f754fa4dc926756700add0808e0",
-        "d41e3c23d217173f43660dab21eb3cc70a046a75fb41ef2591ef99e90fff0203",
+        "c27e0164e405eaff91383d0652d4e38bbaa6da6fb9936af659c575b1f7470f6b",
+        "564e4347b5820d02ffea5534529e52fbeb93a58185752f4c3807ea68eb4695f6",
     ),
     "shards_bool": (
         "7290db128f657ce284db6c9e66d5eb660078120e27fa80fc79c1e951a1d5e9f1",
         "54082eaa1b3b40059e743eb32403a5308b270da9f3feb04b3e5d228dcdc5f423",
-        "ee4ba922af193739c0df83a371f27b3859032f754fa4dc926756700add0808e0",
-        "d41e3c23d217173f43660dab21eb3cc70a046a75fb41ef2591ef99e90fff0203",
+        "c27e0164e405eaff91383d0652d4e38bbaa6da6fb9936af659c575b1f7470f6b",
+        "564e4347b5820d02ffea5534529e52fbeb93a58185752f4c3807ea68eb4695f6",
     ),
     "jsonl_mask": (
         "943356ae5a195bb1ca964e54263d9d87b96b0a282294641cd1ff783388fde33e",
         "938f1f4754630a59fc9cefc5a092298e864c807d36827f7f97d92ea756c3ccd5",
-        "09e391d8c659d374393424f60ec4588dc5de8bda634d11a5f0bc2b98b6e4f3e5",
-        "6408a9d6d7b4170fee2658c2a42c5299cae9d292a41dd6c6fb1cbfb7430d02ea",
+        "53122fc7861fcad582e11b4428d11d2d485e817508de6f6ac7077dce4531c2c8",
+        "0b5811adc33826cfb5869fd4acb1477f6b351f2e3d5ae05c3922116b0fde7152",
     ),
     "jsonl_labels": (
         "943356ae5a195bb1ca964e54263d9d87b96b0a282294641cd1ff783388fde33e",
         "938f1f4754630a59fc9cefc5a092298e864c807d36827f7f97d92ea756c3ccd5",
-        "09e391d8c659d374393424f60ec4588dc5de8bda634d11a5f0bc2b98b6e4f3e5",
-        "6408a9d6d7b4170fee2658c2a42c5299cae9d292a41dd6c6fb1cbfb7430d02ea",
+        "53122fc7861fcad582e11b4428d11d2d485e817508de6f6ac7077dce4531c2c8",
+        "0b5811adc33826cfb5869fd4acb1477f6b351f2e3d5ae05c3922116b0fde7152",
     ),
     "parquet_mask": (
         "e9a1ec5521e884e8843b4ece6bbedac647f1f1dfd2949bc1cb988766e7753709",
         "5785e09e0003e4380a7f063667457e8b642c0460629fcaf2b462af994e68d67a",
-        "ea47c9aae3d096c0ec30ba574c3444e900d10aa683936532516830ca718eb959",
-        "2b34dfc46e9bca401e66d9cf7eedcccb861917b03c04a268ba7e5446c6be4904",
+        "2901b9eb93515807ff1d764745a3e33a6c03b093295b576a5f04d0c98eca8309",
+        "92b6d29db7764c2af9884be17f6a7e18842e0003ba38ec1a825931b686f1d479",
     ),
     "parquet_labels": (
         "e9a1ec5521e884e8843b4ece6bbedac647f1f1dfd2949bc1cb988766e7753709",
         "5785e09e0003e4380a7f063667457e8b642c0460629fcaf2b462af994e68d67a",
-        "ea47c9aae3d096c0ec30ba574c3444e900d10aa683936532516830ca718eb959",
-        "2b34dfc46e9bca401e66d9cf7eedcccb861917b03c04a268ba7e5446c6be4904",
+        "2901b9eb93515807ff1d764745a3e33a6c03b093295b576a5f04d0c98eca8309",
+        "92b6d29db7764c2af9884be17f6a7e18842e0003ba38ec1a825931b686f1d479",
     ),
     "hf_dataset_mask": (
         "bb5ddf307cc4acf698ca2ae2e589d82052086d5b03652c257b38aa466f276bdb",
         "2c30ab6a751e1dea330df14002136bd5f1d424f1613ad5bd1ffa8472758ead89",
-        "cad0d9fadaad0c3284063949a42f17dfac1c51d2186b3e698f36c78d2cdd669b",
-        "77535021fdaea143235d40c0ddd27343487fd31b997be9064bbb840c8ec163dd",
+        "18f99ec95b93e663aa7a1b312b323fce0e91a7608b9fbee3d7602fb08f250536",
+        "4daa24e571bb3e745786af6e2730e90a0fb0dc906aa32c9cf3855ea7721a4a03",
     ),
     "hf_dataset_labels": (
         "bb5ddf307cc4acf698ca2ae2e589d82052086d5b03652c257b38aa466f276bdb",
         "2c30ab6a751e1dea330df14002136bd5f1d424f1613ad5bd1ffa8472758ead89",
-        "cad0d9fadaad0c3284063949a42f17dfac1c51d2186b3e698f36c78d2cdd669b",
-        "77535021fdaea143235d40c0ddd27343487fd31b997be9064bbb840c8ec163dd",
+        "18f99ec95b93e663aa7a1b312b323fce0e91a7608b9fbee3d7602fb08f250536",
+        "4daa24e571bb3e745786af6e2730e90a0fb0dc906aa32c9cf3855ea7721a4a03",
     ),
     "arrow_file_bool": (
         "a68e3c949f9ef0a7bdac4f132144c82705670b261f6c1e3773bf081b4c706491",
         "19b49a0d4bda1afe298effa69a87d63b0515351a9e47f19146b1e1cc1ecb1c9f",
-        "14b5bf6db22aa0fc33f977fefc16f6df91de490b72d7078f87d1a8fd430c4661",
-        "821caa5fc5348693549066ffb67d82d67e7a0bb6c7915aa81f44610e3a52edab",
+        "b305a935636742cd20b85963a870dd10b35a57bb7c0d938e8c532d7e8384448c",
+        "fd3864a171e6efdb35ad7fb2cd6af8b791992864f7df74341e9a3ced411093a0",
     ),
     "parquet_nulls": (
         "f4032968344c5b38756d298ef3e0ac023261c4d6a8b65bce835b077e0a299a95",
         "acf06a414fedafff553061c26cd90b69ab3e25a6ecdc0280fcdbae569d92d269",
-        "454f0d504b69e92d205675aa7a956822dfed4ef7989d532aad1eb849aeb4f11d",
-        "67c7dcbfe5f9511d19aaaa833cf084f88ecfc76a362ecf7eb8bfb1df3286c373",
+        "bb6939a08cdbf78153552ee42653491ebd94c5f4434099c417175f05dc7c43ff",
+        "53b00cdd1410bff88d539d22e7e191a7d6f8958d343be18360e0ac296ce7e39f",
     ),
     "mixture_parquet+shards": (
         "a034931ddec864dd4bf70e7e7edeba3901de946eebb6df0d19d3f2462570a3ff",

@@ -101,6 +101,10 @@ def test_a_mixture_streams_the_same_for_any_number_of_workers(mixture, workers):
     assert (line["digest"], line["batches"]) == (want["digest"], want["batches"])
     served = np.zeros(2, np.int64)
     tokens = np.zeros(2, np.int64)
+    sources = {0: mixture["a"], 1: mixture["b"]}
+    assert_located(
+        [batch for _, batch in received], lambda source, i: sources[source][i - 30 * source]
+    )
     for _, batch in received:
         occ = batch.occurrences
         assert batch.sources.tolist() == (occ["source_id"] >= 30).astype(int).tolist()
@@ -166,6 +170,88 @@ def pairs_of(tokens, cuts=()):
     }
 
 
+SPLIT_SHAPE = {"capacity": 64, "max_rows_per_batch": 2, "window_documents": 3}
+
+
+def assert_located(batches, document_of):
+    """Every occurrence's record locates its tokens: the tokens at ``[range_start,
+    range_stop)`` of document ``source_id`` of source ``source``, as ``document_of``
+    reads it from the corpus, are its packed inputs and then its last target."""
+    occurrences = 0
+    for batch in batches:
+        for occ in batch.occurrences:
+            row, lo, hi = int(occ["row"]), int(occ["start"]), int(occ["stop"])
+            packed = [*batch.inputs[row, lo:hi].tolist(), int(batch.targets[row, hi - 1])]
+            document = document_of(int(occ["source"]), int(occ["source_id"]))
+            assert document[occ["range_start"] : occ["range_stop"]].tolist() == packed, occ
+            occurrences += 1
+    assert occurrences
+
+
+@pytest.fixture(scope="module")
+def long_jsonl(tmp_path_factory, long_corpus):
+    """The long corpus as JSON Lines, split: a blank line (ids count documents, not
+    lines), and the second long document selecting [3, 190) of itself."""
+    root = tmp_path_factory.mktemp("long-jsonl")
+    lines = [json.dumps({"tokens": d.tolist()}) for d in long_corpus["docs"]]
+    lines[3] = json.dumps({"tokens": long_corpus["docs"][3].tolist(), "start": 3, "stop": 190})
+    lines.insert(2, "")
+    (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    manifest(root, binding=BINDING, jsonl=["docs.jsonl"], long_documents="split")
+    return root
+
+
+def jsonl_documents(path):
+    """Each document of a JSON Lines corpus, read as plain JSON (no streampack reader)."""
+    lines = (path / "docs.jsonl").read_text().splitlines()
+    return [np.array(json.loads(line)["tokens"]) for line in lines if line.strip()]
+
+
+@pytest.mark.parametrize("format", ["shards", "jsonl"])
+def test_a_split_documents_occurrences_locate_their_tokens_in_the_document(
+    long_corpus, long_jsonl, format
+):
+    """In process (``streampack digest``'s stream): the pieces of a split document
+    report their ranges in the document, not in the piece (192 tokens: [0, 65), [65,
+    130), [130, 192); from [3, 190): [3, 68), [68, 133), [133, 190)), and every
+    occurrence's tokens are the corpus document's at its range."""
+    from streampack.service.digest import rank_stream
+    from streampack.settings import ProducerSettings
+
+    path = long_corpus["path"] if format == "shards" else long_jsonl
+    docs = long_corpus["docs"] if format == "shards" else jsonl_documents(long_jsonl)
+    settings = ProducerSettings(corpus=str(path), window_tokens=400, **SPLIT_SHAPE)
+    batches = [batch for _, _, batch in rank_stream(settings, 0, 1)]
+    assert_located(batches, lambda source, i: docs[i] if source == 0 else None)
+    ranges = {}
+    for batch in batches:
+        for occ in batch.occurrences:
+            ranges.setdefault(int(occ["source_id"]), []).append(
+                (int(occ["range_start"]), int(occ["range_stop"]))
+            )
+    assert ranges[1] == [(0, 65), (65, 130), (130, 192)]
+    assert ranges[3] == (
+        [(0, 65), (65, 130), (130, 192)] if format == "shards" else [(3, 68), (68, 133), (133, 190)]
+    )
+    assert ranges[5] == [(0, 65)] and ranges[4] == [(0, 65)]
+
+
+def test_a_mixtures_occurrences_name_their_source_and_document(mixture):
+    """In process, a shuffled 3:1 mixture: (source, source_id) of each occurrence names
+    a document of that source (source ids count the sources' documents in manifest
+    order: B's document i is 30 + i), and its range holds the occurrence's tokens."""
+    from streampack.service.digest import rank_stream
+    from streampack.settings import ProducerSettings
+
+    settings = ProducerSettings(corpus=str(mixture["path"]), **SHAPE, **MIXED)
+    batches = [batch for _, _, batch in rank_stream(settings, 0, 1)]
+    first = {0: 0, 1: len(mixture["a"])}
+    sources = {0: mixture["a"], 1: mixture["b"]}
+    assert_located(batches, lambda source, i: sources[source][i - first[source]])
+    seen = np.concatenate([batch.occurrences["source"] for batch in batches])
+    assert np.bincount(seen).tolist() == [30, 10]
+
+
 def test_long_documents_are_split_into_ranges_of_capacity_plus_one(long_corpus):
     """192 tokens at capacity 64: ranges [0, 65), [65, 130), [130, 192); the pairs
     across 65 and 130 are the two the cuts cost. 66 tokens: [0, 65) and a lone token
@@ -178,6 +264,7 @@ def test_long_documents_are_split_into_ranges_of_capacity_plus_one(long_corpus):
     assert window.source_id.tolist() == [0, 1, 1, 1, 2, 3, 3, 3, 4, 5, 6, 6, 6, 7]
     assert lengths.tolist() == [10, 65, 65, 62, 30, 65, 65, 62, 65, 65, 65, 65, 62, 12]
     assert window.start.tolist() == [0] * 14 and window.stop.tolist() == lengths.tolist()
+    assert window.piece_start.tolist() == [0, 0, 65, 130, 0, 0, 65, 130, 0, 0, 0, 65, 130, 0]
     got: dict[int, set] = {}
     for d, source in enumerate(window.source_id.tolist()):
         at = sum(lengths[i] for i in range(d) if window.source_id[i] == source)
@@ -207,14 +294,7 @@ def test_split_documents_train_on_every_pair_but_the_cuts_through_the_service(lo
     """Through real processes: every pair of every document arrives, once, but the
     pairs across the cuts; the producer's counters say how many documents were split
     and what the cuts cost."""
-    with Service(
-        long_corpus["path"],
-        serve_workers=2,
-        capacity=64,
-        max_rows_per_batch=2,
-        window_documents=3,
-        window_tokens=400,
-    ) as service:
+    with Service(long_corpus["path"], serve_workers=2, window_tokens=400, **SPLIT_SHAPE) as service:
         received = []
         thread = threading.Thread(target=drain, args=(service.consumer_endpoint, received))
         thread.start()
@@ -237,6 +317,34 @@ def test_split_documents_train_on_every_pair_but_the_cuts_through_the_service(lo
         assert trained[source] == want
     assert (stats["documents_split"], stats["pairs_cut"]) == (4, 7)
     assert stats["quarantined"] == 0
+    # Each occurrence's record locates its tokens in the document (read by the reader).
+    reader = open_corpus(long_corpus["path"])
+
+    def document(source, i):
+        assert source == 0
+        ids = np.array([i])
+        return np.asarray(reader.gather(ids, reader.lengths(ids))[0])
+
+    assert_located([batch for _, batch in received], document)
+
+
+@pytest.mark.slow
+def test_a_split_json_lines_corpus_locates_every_occurrence_through_the_service(long_jsonl):
+    """Through real processes (a worker that audits, so windows travel with their
+    tokens): the stream is the in-process one, and each occurrence's range indexes its
+    JSON Lines document, a range that starts inside its line included."""
+    settings = {"window_tokens": 400, **SPLIT_SHAPE}
+    want = expected(long_jsonl, 0, 1, **settings)
+    with Service(long_jsonl, serve_workers=1, audit_every=1, **settings) as service:
+        received = []
+        thread = threading.Thread(target=drain, args=(service.consumer_endpoint, received))
+        thread.start()
+        thread.join(timeout=120)
+        stats = service.stats()
+    assert [batch.digest() for _, batch in received] == [d for _, _, d in want["list"]]
+    docs = jsonl_documents(long_jsonl)
+    assert_located([batch for _, batch in received], lambda source, i: docs[i])
+    assert stats["audit_failures"] == 0 and stats["audited"] > 0
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -315,14 +315,14 @@ def not_next_fit(plan: dict) -> dict:
     return {"occurrences": occurrences, "batch_sizes": sizes}
 
 
-def rewritten_doc(plan: dict) -> dict:
+def rewritten_source(plan: dict) -> dict:
     occurrences = plan["occurrences"].copy()
-    occurrences["doc"] = occurrences["doc"][::-1]
+    occurrences["source"] = 1  # another source's document, in a one-source corpus
     return {"occurrences": occurrences, "batch_sizes": plan["batch_sizes"]}
 
 
 @pytest.mark.parametrize(
-    "tamper, complaint", [(not_next_fit, "batch sizes"), (rewritten_doc, "['doc']")]
+    "tamper, complaint", [(not_next_fit, "batch sizes"), (rewritten_source, "['source']")]
 )
 def test_a_plan_other_than_the_contracts_is_refused_and_the_window_reissued(
     tamper, complaint, want_w1

@@ -197,15 +197,16 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
                 shifted["ordinal"] += 1
                 widened = occurrences.copy()
                 widened["range_stop"][0] += 1
-                renamed = occurrences.copy()
-                renamed["doc"] = renamed["doc"][::-1]
+                relocated = occurrences.copy()  # same tokens, claimed from elsewhere
+                relocated["range_start"] += 7
+                relocated["range_stop"] += 7
                 short = sizes.copy()
                 short[-1] -= 1
                 plans, batch_sizes, complaint = [
                     (shifted, sizes, "['ordinal']"),
                     (occurrences[:-1], short, "batch sizes"),
                     (widened, sizes, "['range_stop']"),
-                    (renamed, sizes, "['doc']"),
+                    (relocated, sizes, "['range_start', 'range_stop']"),
                     (*not_next_fit(occurrences), "batch sizes"),
                 ][attempt]
                 fields = {

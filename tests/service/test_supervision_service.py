@@ -90,10 +90,13 @@ def test_the_producers_batches_carry_the_windows_mask_as_digest_packs_it(whole, 
 
 def test_an_unmasked_corpus_streams_exactly_as_before_masks_existed():
     """``streampack digest`` of the fixture corpus for rank 1 of 2, computed at commit
-    69d2882 (before masks): the definition is unchanged, and so are the bytes."""
+    69d2882 (before masks), and again when occurrence records came to name their
+    source in place of the window-local ``doc`` (wire version 8; the stream digest
+    hashes the records, and no longer a separate source array): the cells of every
+    batch are those of then, and so are the other record fields."""
     pinned = {
-        "next_fit": ("9e2f2e41d4a513ded6042268b07af543622fde053bc27d8e3abe02f8117c2e83", 25),
-        "best_fit": ("e280b19cfd62a0be0430d34fa796cf9356f18ce5891a540340a1721d7e3d1b1f", 24),
+        "next_fit": ("c87d2982a2e30321ec0e2b7e8d683e33f9191f2bbed9d714aa2f7e5c9aaa2edf", 25),
+        "best_fit": ("ad62c896a13f96038b4ad224c154acdd05708deec9cd87d210bd86a3f5439867", 24),
     }
     for policy, (digest, batches) in pinned.items():
         got = expected(FIXTURE, 1, 2, policy=policy)
@@ -114,8 +117,8 @@ def _window_message(window: Window, **arrays: np.ndarray) -> list:
 def test_a_worker_packs_a_masked_window_and_refuses_a_malformed_mask():
     """This test plays the producer to a real worker process (auditing every batch, so
     it asks for tokens and masks): a masked window is packed and audited; a window whose
-    mask frame does not match its tokens is answered with ``error``, and the worker
-    goes on packing."""
+    mask frame does not match its tokens, or whose piece starts or sources are not one
+    per document, is answered with ``error``, and the worker goes on packing."""
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
@@ -136,6 +139,12 @@ def test_a_worker_packs_a_masked_window_and_refuses_a_malformed_mask():
         router.send_multipart([identity, *_window_message(window, mask=window.mask[:-1])])
         refused = next_message(router, {"error", "packed", "failed"})
         assert refused.kind == "error" and "mask frame of shape" in refused.fields["message"]
+        for name in ("piece_start", "source"):
+            short = {name: window.arrays()[name][:-1]}
+            router.send_multipart([identity, *_window_message(window, **short)])
+            refused = next_message(router, {"error", "packed", "failed"})
+            assert refused.kind == "error", refused.fields
+            assert f"{name} frame of shape" in refused.fields["message"]
         router.send_multipart([identity, *_window_message(window)])
         packed = next_message(router, {"packed", "failed"})
         assert packed.kind == "packed", packed.fields

@@ -43,7 +43,7 @@ def test_ready_header_bytes_are_pinned():
     assert header == bytes.fromhex(
         "85"
         "a176"
-        "07"
+        "08"
         "a16b"
         "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
         "ac" + b"needs_tokens".hex() + "c2"
@@ -58,7 +58,7 @@ def test_fetch_header_bytes_are_pinned():
         "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4, "base": 0}
     )
     expected = (
-        b"\x89\xa1v\x07\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\x89\xa1v\x08\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
         b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa4base\x00\xa1f\x90"
     )
     assert header == expected
@@ -71,6 +71,8 @@ def test_window_header_lists_frames_with_dtype_and_shape():
         "doc": np.arange(2),
         "start": np.zeros(2, np.int64),
         "stop": np.array([2, 3]),
+        "piece_start": np.array([0, 130]),
+        "source": np.array([0, 1], np.int32),
         "source_id": np.array([7, 8]),
         "example_id": np.array([7, 8]),
         "mask": np.zeros(0, np.uint8),
@@ -86,10 +88,15 @@ def test_window_header_lists_frames_with_dtype_and_shape():
     header = msgpack.unpackb(frames[0])
     assert header["f"][0] == ["tokens", "<i4", [5]]
     assert header["f"][1] == ["offsets", "<i8", [3]]
+    assert header["f"][5:7] == [["piece_start", "<i8", [2]], ["source", "<i4", [2]]]
     assert bytes(frames[1]) == np.arange(5, dtype="<i4").tobytes()
+    assert bytes(frames[6]) == bytes.fromhex("00000000000000008200000000000000")
+    assert bytes(frames[7]) == bytes.fromhex("0000000001000000")
     message = wire.decode(frames)
     assert message.kind == "window" and message.fields["window"] == 3
     np.testing.assert_array_equal(message.arrays["stop"], [2, 3])
+    examples = wire.window_examples(message.arrays)
+    assert (examples.piece_start.tolist(), examples.source.tolist()) == ([0, 130], [0, 1])
 
 
 def batch_fields(compact, **overrides):
@@ -130,39 +137,56 @@ def test_batch_travels_compact_and_expands_to_the_packed_batch():
 def test_a_batch_costs_about_four_bytes_per_cell_on_the_wire():
     compact = worked_compact()
     frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
-    assert sum(len(bytes(f)) for f in frames[1:]) == 12 * 4 + 3 * (64 + 4)  # + int32 source
+    assert sum(len(bytes(f)) for f in frames[1:]) == 12 * 4 + 3 * 64
     assert worked_batch().stats()["cells"] * 23 == 276
 
 
-def test_each_occurrences_source_index_travels_with_the_batch():
+def with_sources(compact: CompactBatch, sources: list[int]) -> CompactBatch:
+    occurrences = compact.occurrences.copy()
+    occurrences["source"] = sources
+    return dataclasses.replace(compact, occurrences=occurrences)
+
+
+def test_each_occurrences_source_index_travels_in_its_record():
     """The worked batch as if A and C came from mixture source 2 and B from source 0: the
-    indices survive the wire and the expansion, and label every cell."""
-    compact = dataclasses.replace(worked_compact(), sources=np.array([2, 0, 2], np.int32))
+    records' ``source`` survives the wire and the expansion, and labels every cell."""
+    compact = with_sources(worked_compact(), [2, 0, 2])
     frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
-    assert msgpack.unpackb(frames[0])["f"][2] == ["sources", "<i4", [3]]
-    assert bytes(frames[3]) == bytes.fromhex("020000000000000002000000")
+    assert [spec[0] for spec in msgpack.unpackb(frames[0])["f"]] == [
+        "tokens",
+        "occurrences",
+        "mask",
+    ]
+    # ordinal (8 bytes), row, start, stop, segment (4 each), then source
+    assert bytes(frames[2])[64 + 24 : 64 + 32] == bytes.fromhex("0000000000000000")
+    assert bytes(frames[2])[128 + 24 : 128 + 32] == bytes.fromhex("0200000000000000")
     batch = wire.batch_from_message(wire.decode(frames)).expand()
-    assert batch.sources.tolist() == [2, 0, 2]
+    assert batch.sources.tolist() == [2, 0, 2] and batch.sources.dtype == np.int32
     assert batch.cell_sources().tolist() == [[2, 2, 2, 0, 0, -1], [2, 2, 2, 2, -1, -1]]
     assert worked_batch().sources.tolist() == [0, 0, 0]  # one source: all 0
 
 
 @pytest.mark.parametrize(
-    ("sources", "match"),
+    ("field", "value", "match"),
     [
-        (
-            np.array([0, 1], np.int32),
-            r"sources dtype int32 shape \(2,\); expected int32, one per "
-            r"occurrence \(3\)",
-        ),
-        (np.array([0, -1, 0], np.int32), "source index -1"),
-        (np.array([0, 1, 0], np.int64), "sources dtype int64"),
+        ("source", -1, "source index -1; accepted: 0..2147483647"),
+        ("source", 2**31, "source index 2147483648; accepted: 0..2147483647"),
+        ("range_start", -3, "range_start -3; accepted: >= 0"),
     ],
 )
-def test_bad_source_indices_are_refused(sources, match):
-    compact = dataclasses.replace(worked_compact(), sources=sources)
+def test_bad_locations_in_a_batch_are_refused(field, value, match):
+    compact = worked_compact()
+    occurrences = compact.occurrences.copy()
+    occurrences[field][1] = value
+    if field == "range_start":
+        occurrences["range_stop"][1] = value + 3  # the range keeps its length
     with pytest.raises(InvalidArray, match=match):
-        compact.checked(max_cells=12)
+        dataclasses.replace(compact, occurrences=occurrences).checked(max_cells=12)
+    frames = wire.encode(
+        "batch", batch_fields(compact), wire.batch_arrays(compact) | {"occurrences": occurrences}
+    )
+    with pytest.raises(ProtocolError, match=match):
+        wire.batch_from_message(wire.decode(frames))
 
 
 def test_tokens_of_a_small_vocabulary_travel_as_uint16_and_expand_the_same():
@@ -301,6 +325,45 @@ def test_frames_that_disagree_with_their_header_are_rejected(overrides, match):
         wire.decode(_window_frames(**overrides))
 
 
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"f5": ["piece_start", "<i4", [2]]}, "expected 'piece_start' with dtype <i8"),
+        ({"f5": ["piece_start", "<i8", [3]]}, r"'piece_start' has 16 bytes; .* of <i8 = 24"),
+        ({"f6": ["source", "<i8", [2]]}, "expected 'source' with dtype <i4"),
+        ({"f6": ["source", "<i4", [3]]}, r"'source' has 8 bytes; .* of <i4 = 12 bytes"),
+    ],
+)
+def test_a_location_frame_of_the_wrong_dtype_or_size_is_rejected(overrides, match):
+    with pytest.raises(ProtocolError, match=match):
+        wire.decode(_window_frames(**overrides))
+
+
+@pytest.mark.parametrize(
+    ("frame", "values", "match"),
+    [
+        ("piece_start", np.zeros(3, np.int64), r"piece_start frame of shape \[3\] for 2 documents"),
+        ("piece_start", np.zeros(1, np.int64), r"piece_start frame of shape \[1\] for 2 documents"),
+        ("source", np.zeros(0, np.int32), r"source frame of shape \[0\] for 2 documents"),
+        ("piece_start", np.array([0, -5]), "piece_start frame holds -5; accepted: >= 0"),
+        ("source", np.array([-1, 0], np.int32), "source frame holds -1; accepted: >= 0"),
+    ],
+)
+def test_a_location_frame_that_is_not_one_value_per_document_is_refused(frame, values, match):
+    """Self-consistent frames (bytes as the header says) that do not give each document
+    one location are refused as malformed, before any packing."""
+    arrays = {name: np.zeros(2, np.int64) for name in wire.WINDOW_FRAMES}
+    arrays |= {"tokens": np.zeros(4, np.int32), "source": np.zeros(2, np.int32)}
+    arrays |= {"mask": np.zeros(0, np.uint8), "offsets": np.array([0, 2, 4]), frame: values}
+    arrays["stop"] = np.array([2, 2])
+    fields = {"epoch": 0, "window": 0, "binding": {}, "config": {}, "with_tokens": True}
+    message = wire.decode(wire.encode("window", fields, arrays))
+    with pytest.raises(ProtocolError, match=match):
+        wire.check_window_frames(message.arrays)
+    with pytest.raises(ProtocolError, match=match):
+        wire.window_examples(message.arrays)
+
+
 def test_limits_are_configurable():
     frames = wire.encode("ready", {"credit": 1, "needs_tokens": False})
     with pytest.raises(ProtocolError, match="max_header_bytes=8"):
@@ -396,9 +459,9 @@ def test_a_masked_batch_sends_one_mask_byte_per_token_and_expands_to_the_packed_
     compact = masked_compact()
     frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
     header = msgpack.unpackb(frames[0])
-    assert header["v"] == 7
-    assert header["f"][3] == ["mask", "|u1", [12]]
-    assert bytes(frames[4]) == bytes.fromhex("000001010100010001000101")
+    assert header["v"] == 8
+    assert header["f"][2] == ["mask", "|u1", [12]]
+    assert bytes(frames[3]) == bytes.fromhex("000001010100010001000101")
     received = wire.batch_from_message(wire.decode([zmq.Frame(bytes(f)) for f in frames]))
     assert received.mask.tolist() == sum(WORKED_MASKS, [])
     examples = Examples.from_documents(WORKED, masks=WORKED_MASKS)
@@ -414,8 +477,8 @@ def test_a_masked_batch_sends_one_mask_byte_per_token_and_expands_to_the_packed_
 def test_an_unmasked_batch_sends_an_empty_mask_frame_and_arrives_unmasked():
     compact = worked_compact()
     frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
-    assert msgpack.unpackb(frames[0])["f"][3] == ["mask", "|u1", [0]]
-    assert bytes(frames[4]) == b""
+    assert msgpack.unpackb(frames[0])["f"][2] == ["mask", "|u1", [0]]
+    assert bytes(frames[3]) == b""
     received = wire.batch_from_message(wire.decode(frames))
     assert received.mask is None
     assert received.expand().digest() == worked_batch().digest()
@@ -425,8 +488,8 @@ def _masked_batch_frames(mask: np.ndarray, code: str = "|u1") -> list[bytes]:
     compact = masked_compact()
     frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
     header = msgpack.unpackb(frames[0])
-    header["f"][3] = ["mask", code, list(mask.shape)]
-    return [msgpack.packb(header), *[bytes(f) for f in frames[1:4]], mask.tobytes()]
+    header["f"][2] = ["mask", code, list(mask.shape)]
+    return [msgpack.packb(header), *[bytes(f) for f in frames[1:3]], mask.tobytes()]
 
 
 @pytest.mark.parametrize(
@@ -464,7 +527,7 @@ def test_a_window_carries_its_mask_to_a_worker_that_needs_tokens_only():
     )
     fields = {"epoch": 0, "window": 0, "binding": {}, "config": {}, "with_tokens": True}
     message = wire.decode(wire.encode("window", fields, window.arrays()))
-    assert msgpack.unpackb(wire.encode("window", fields, window.arrays())[0])["f"][7] == [
+    assert msgpack.unpackb(wire.encode("window", fields, window.arrays())[0])["f"][9] == [
         "mask",
         "|u1",
         [12],
