@@ -65,8 +65,7 @@ def flags(settings: dict) -> list[str]:
 
 def hung_worker(endpoint: str, honest: int, credit: int, stop: threading.Event, log: list) -> None:
     """Register, heartbeat every 0.2 s, answer the first ``honest`` windows, then never."""
-    from streampack.packing import plan_ranges
-    from streampack.service.worker import pack_config_from_wire
+    from streampack.service.worker import pack_config_from_wire, ranges_plan
 
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
@@ -89,14 +88,8 @@ def hung_worker(endpoint: str, honest: int, credit: int, stop: threading.Event, 
             if answered >= honest:
                 log.append(f"took window {key} and hangs on it")
                 continue
-            a = message.arrays
-            occurrences, sizes = plan_ranges(
-                a["offsets"],
-                a["start"],
-                a["stop"],
-                a["source_id"],
-                a["example_id"],
-                pack_config_from_wire(message.fields["config"]),
+            occurrences, sizes = ranges_plan(
+                message.arrays, pack_config_from_wire(message.fields["config"])
             )
             fields = {
                 "epoch": key[0],

@@ -13,9 +13,8 @@ from _service import FIXTURE, SMALL
 
 from streampack import wire
 from streampack.corpus import open_corpus
-from streampack.packing import plan_ranges
 from streampack.service.coordinator import Coordinator
-from streampack.service.worker import pack_config_from_wire
+from streampack.service.worker import pack_config_from_wire, ranges_plan
 from streampack.settings import ProducerSettings
 
 
@@ -104,15 +103,9 @@ class Harness:
 
     @staticmethod
     def honest_plan(window: wire.Message) -> dict[str, Any]:
-        """What a correct worker answers: the plan of ``plan_ranges``."""
-        a = window.arrays
-        occurrences, sizes = plan_ranges(
-            a["offsets"],
-            a["start"],
-            a["stop"],
-            a["source_id"],
-            a["example_id"],
-            pack_config_from_wire(window.fields["config"]),
+        """What a correct worker answers: the plan of ``ranges_plan``."""
+        occurrences, sizes = ranges_plan(
+            window.arrays, pack_config_from_wire(window.fields["config"])
         )
         return {"occurrences": occurrences, "batch_sizes": sizes}
 

@@ -53,6 +53,21 @@ def pack_config_from_wire(config: dict[str, Any]) -> PackConfig:
         raise wire.ProtocolError(f"window config {config!r} is malformed: {exc}") from None
 
 
+def ranges_plan(arrays: dict[str, Any], config: PackConfig) -> tuple[Any, Any]:
+    """The plan of a window sent without tokens, from its range frames: what every
+    correct worker answers, and what the producer's plan check recomputes."""
+    return plan_ranges(
+        arrays["offsets"],
+        arrays["start"],
+        arrays["stop"],
+        arrays["source_id"],
+        arrays["example_id"],
+        config,
+        source=arrays["source"],
+        piece_start=arrays["piece_start"],
+    )
+
+
 def _warm_up(audit: Any = None) -> str:
     """Compile (or load from the Numba cache) every kernel a window will need.
 
@@ -137,16 +152,7 @@ class Worker:
                 occurrences, sizes = plan_compact(examples, binding, config)
             else:
                 examples = None
-                occurrences, sizes = plan_ranges(
-                    arrays["offsets"],
-                    arrays["start"],
-                    arrays["stop"],
-                    arrays["source_id"],
-                    arrays["example_id"],
-                    config,
-                    source=arrays["source"],
-                    piece_start=arrays["piece_start"],
-                )
+                occurrences, sizes = ranges_plan(arrays, config)
         except StreampackError as exc:
             self.counters["failed"] += 1
             logger.warning("window %d/%d failed to pack: %s", epoch, window, exc)

@@ -209,18 +209,9 @@ def wrong_world_fetch(world_size: int) -> Callable[[Peer], None]:
 
 def _plan(window: wire.Message) -> tuple[np.ndarray, np.ndarray]:
     """The window's true plan, as an honest worker computes it."""
-    from streampack import PackConfig
-    from streampack.packing import plan_ranges
+    from streampack.service.worker import pack_config_from_wire, ranges_plan
 
-    a = window.arrays
-    return plan_ranges(
-        a["offsets"],
-        a["start"],
-        a["stop"],
-        a["source_id"],
-        a["example_id"],
-        PackConfig(**window.fields["config"]),
-    )
+    return ranges_plan(window.arrays, pack_config_from_wire(window.fields["config"]))
 
 
 def _packed(

@@ -59,8 +59,7 @@ class FakeWorker(threading.Thread):
         self.taken = 0
 
     def run(self) -> None:
-        from streampack.packing import plan_ranges
-        from streampack.service.worker import pack_config_from_wire
+        from streampack.service.worker import pack_config_from_wire, ranges_plan
 
         self.peer.send("ready", {"credit": self.credit, "needs_tokens": False})
         due: list[tuple[float, wire.Message]] = []
@@ -72,14 +71,8 @@ class FakeWorker(threading.Thread):
                 next_beat = now + 0.2
             while due and due[0][0] <= now:
                 _, window = due.pop(0)
-                a = window.arrays
-                occurrences, sizes = plan_ranges(
-                    a["offsets"],
-                    a["start"],
-                    a["stop"],
-                    a["source_id"],
-                    a["example_id"],
-                    pack_config_from_wire(window.fields["config"]),
+                occurrences, sizes = ranges_plan(
+                    window.arrays, pack_config_from_wire(window.fields["config"])
                 )
                 fields = {
                     "epoch": window.fields["epoch"],

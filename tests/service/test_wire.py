@@ -208,10 +208,28 @@ def test_tokens_of_a_small_vocabulary_travel_as_uint16_and_expand_the_same():
     assert wire.token_dtype(wide.vocab_size) == np.int32
 
 
+def window_of(examples: Examples, epoch: int, index: int):
+    """The window a producer would send holding exactly ``examples`` (mask included)."""
+    from streampack.windows import Window
+
+    return Window(
+        epoch=epoch,
+        index=index,
+        documents=len(examples),
+        tokens=examples.tokens,
+        offsets=examples.offsets,
+        start=examples.start,
+        stop=examples.stop,
+        source_id=examples.source_id,
+        example_id=examples.example_id,
+        quarantined=[],
+        mask=examples.mask,
+    )
+
+
 def test_a_worker_sends_plans_and_the_producer_adds_the_window_tokens():
     """``packed`` carries a window's plans only; the tokens come from the window."""
     from streampack.packing import plan_compact
-    from streampack.windows import Window
 
     examples = Examples.from_documents(WORKED)
     occurrences, sizes = plan_compact(examples, BINDING, WORKED_CONFIG)
@@ -229,18 +247,7 @@ def test_a_worker_sends_plans_and_the_producer_adds_the_window_tokens():
     )
     assert list(packed.arrays) == ["occurrences", "batch_sizes"]
     assert packed.arrays["batch_sizes"].tolist() == [3]
-    window = Window(
-        epoch=1,
-        index=2,
-        documents=3,
-        tokens=examples.tokens,
-        offsets=examples.offsets,
-        start=examples.start,
-        stop=examples.stop,
-        source_id=examples.source_id,
-        example_id=examples.example_id,
-        quarantined=[],
-    )
+    window = window_of(examples, epoch=1, index=2)
     tokens = window.selected_tokens(0, 3)
     np.testing.assert_array_equal(tokens, worked_compact().tokens)
     rebuilt = CompactBatch(
@@ -508,23 +515,10 @@ def test_a_malformed_mask_frame_is_refused_like_any_malformed_message(mask, code
 
 
 def test_a_window_carries_its_mask_to_a_worker_that_needs_tokens_only():
-    from streampack.windows import Window
     from streampack.wire import window_examples
 
     examples = Examples.from_documents(WORKED, masks=WORKED_MASKS)
-    window = Window(
-        epoch=0,
-        index=0,
-        documents=3,
-        tokens=examples.tokens,
-        offsets=examples.offsets,
-        start=examples.start,
-        stop=examples.stop,
-        source_id=examples.source_id,
-        example_id=examples.example_id,
-        quarantined=[],
-        mask=examples.mask,
-    )
+    window = window_of(examples, epoch=0, index=0)
     fields = {"epoch": 0, "window": 0, "binding": {}, "config": {}, "with_tokens": True}
     message = wire.decode(wire.encode("window", fields, window.arrays()))
     assert msgpack.unpackb(wire.encode("window", fields, window.arrays())[0])["f"][9] == [
