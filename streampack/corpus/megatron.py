@@ -59,7 +59,7 @@ class _DocumentOffsets:
     ) -> None:
         self._pointers = np.asarray(pointers)  # plain views: no memmap per index taken
         self._documents = np.asarray(documents)
-        self._itemsize = itemsize
+        self._shift = itemsize.bit_length() - 1  # itemsizes are 1, 2, 4 or 8 bytes
         self._total = total
 
     def __len__(self) -> int:
@@ -68,10 +68,14 @@ class _DocumentOffsets:
     def __getitem__(self, key: Any) -> Any:
         sequence = np.asarray(self._documents[key], dtype=np.int64)
         count = len(self._pointers)
-        inside = sequence < count
-        starts = np.full(sequence.shape, self._total, dtype=np.int64)
-        if inside.any():
-            starts[inside] = np.asarray(self._pointers[sequence[inside]]) // self._itemsize
+        if sequence.size and int(sequence.max()) < count:
+            # The common case (a shuffled window rarely holds the last document, whose
+            # end is the sentinel index ``count``): a shift, not a division, per pointer.
+            starts = self._pointers[sequence] >> self._shift
+        else:
+            inside = sequence < count
+            starts = np.full(sequence.shape, self._total, dtype=np.int64)
+            starts[inside] = self._pointers[sequence[inside]] >> self._shift
         return int(starts) if starts.ndim == 0 else starts
 
 
