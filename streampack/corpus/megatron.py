@@ -32,7 +32,7 @@ import numpy as np
 from streampack.corpus.files import regular_file
 from streampack.corpus.offsets import OffsetsReader, Part, check_offsets
 from streampack.corpus.reader import BindingSpec
-from streampack.errors import InvalidConfig
+from streampack.errors import InternalError, InvalidConfig
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -66,17 +66,22 @@ class _DocumentOffsets:
         return len(self._documents)
 
     def __getitem__(self, key: Any) -> Any:
-        sequence = np.asarray(self._documents[key], dtype=np.int64)
-        count = len(self._pointers)
-        if sequence.size and int(sequence.max()) < count:
-            # The common case (a shuffled window rarely holds the last document, whose
-            # end is the sentinel index ``count``): a shift, not a division, per pointer.
-            starts = self._pointers[sequence] >> self._shift
-        else:
-            inside = sequence < count
+        from streampack.kernels.corpus_cpu import document_token_starts
+
+        if isinstance(key, slice) or np.ndim(key) == 0 or np.size(key) == 0:
+            # A slice or one document (the index checks, a first offset): no compiled call.
+            sequence = np.asarray(self._documents[key], dtype=np.int64)
             starts = np.full(sequence.shape, self._total, dtype=np.int64)
+            inside = sequence < len(self._pointers)
             starts[inside] = self._pointers[sequence[inside]] >> self._shift
-        return int(starts) if starts.ndim == 0 else starts
+            return int(starts) if starts.ndim == 0 else starts
+        at = np.asarray(key, dtype=np.int64)
+        flat = np.ascontiguousarray(at.ravel())
+        if int(flat.min()) < 0 or int(flat.max()) >= len(self._documents):
+            raise InternalError("Megatron offsets: a document index out of range (a bug)")
+        out = np.empty(flat.shape, np.int64)
+        document_token_starts(self._documents, self._pointers, self._shift, self._total, flat, out)
+        return out.reshape(at.shape)
 
 
 def _check_pointers(lengths: np.ndarray, pointers: np.ndarray, itemsize: int, where: str) -> int:

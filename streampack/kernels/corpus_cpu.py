@@ -47,6 +47,18 @@ def copy_ranges(values, starts, lengths, out, out_starts):  # pragma: no cover -
 
 
 @njit(cache=True)
+def document_token_starts(documents, pointers, shift, total, at, out):  # pragma: no cover
+    """``out[i]``: the first token of Megatron document ``at[i]``, whose first sequence
+    is ``documents[at[i]]`` and starts at byte ``pointers[...]`` (``>> shift``: tokens
+    of ``1 << shift`` bytes); the sentinel sequence ``len(pointers)`` starts at
+    ``total``. One pass, two dependent reads per document, no temporaries."""
+    count = pointers.shape[0]
+    for i in range(at.shape[0]):
+        sequence = documents[at[i]]
+        out[i] = pointers[sequence] >> shift if sequence < count else total
+
+
+@njit(cache=True)
 def shuffle_buffer_steps(buffer, slots, incoming, emitted):  # pragma: no cover - compiled
     """A full shuffle buffer taking ``incoming[j]``: it emits the item in slot
     ``slots[j]`` (``emitted[j]``) and holds the new one there instead."""

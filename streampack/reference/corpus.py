@@ -14,6 +14,19 @@ def gather_ranges(values: Any, starts: list[int], lengths: list[int]) -> list[An
     return out
 
 
+def document_token_starts(
+    documents: list[int], pointers: list[int], itemsize: int, total: int, at: list[int]
+) -> list[int]:
+    """The first token of each Megatron document ``at[i]``: its first sequence's byte
+    pointer over the token size; the sentinel sequence (one past the last) starts at
+    ``total``."""
+    starts = []
+    for d in at:
+        sequence = documents[d]
+        starts.append(pointers[sequence] // itemsize if sequence < len(pointers) else total)
+    return starts
+
+
 def shuffle_buffer(items: list[Any], size: int, draw: Any) -> list[Any]:
     """The order a bounded shuffle buffer of ``size`` emits ``items`` in, ``draw(n)``
     giving a slot in ``0..n-1``: once full, each new item takes the slot of the one

@@ -37,6 +37,36 @@ def test_gather_ranges_is_the_reference(tmp_path, dtype):
     assert window.tolist() == [int(v) for v in expected]
 
 
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_megatron_document_starts_are_the_reference(itemsize):
+    """Documents of several sequences, the sentinel document (one past the last
+    sequence) among them, indexed as the window cut does (a 2-D stack of starts and
+    ends) and one at a time."""
+    from streampack.corpus.megatron import _DocumentOffsets
+
+    rng = np.random.default_rng(itemsize)
+    sizes = rng.integers(0, 9, 40)
+    pointers = (np.concatenate([[0], np.cumsum(sizes)[:-1]]) * itemsize).astype(np.int64)
+    documents = np.concatenate([[0], np.sort(rng.choice(np.arange(1, 40), 11, False)), [40]])
+    total = int(sizes.sum())
+    offsets = _DocumentOffsets(pointers, documents, itemsize, total)
+    at = rng.integers(0, len(documents) - 1, 25)
+    at[3] = len(documents) - 2  # the last document: its end is the sentinel
+    key = np.stack([at, at + 1])
+    expected = [
+        reference.document_token_starts(
+            documents.tolist(), pointers.tolist(), itemsize, total, row.tolist()
+        )
+        for row in key
+    ]
+    assert offsets[key].tolist() == expected
+    every = reference.document_token_starts(
+        documents.tolist(), pointers.tolist(), itemsize, total, list(range(len(documents)))
+    )
+    assert [offsets[d] for d in range(len(documents))] == every
+    assert offsets[2:5].tolist() == every[2:5]
+
+
 def _block(first: int, lengths: list[int], problems: dict[int, tuple[str, str]]) -> Block:
     n = len(lengths)
     tokens = np.concatenate([np.full(k, first + i, np.int64) for i, k in enumerate(lengths)])
