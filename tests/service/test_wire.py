@@ -223,6 +223,8 @@ def window_of(examples: Examples, epoch: int, index: int):
         source_id=examples.source_id,
         example_id=examples.example_id,
         quarantined=[],
+        source_index=examples.source,
+        piece_start=examples.piece_start,
         mask=examples.mask,
     )
 
