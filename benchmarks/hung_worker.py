@@ -65,7 +65,8 @@ def flags(settings: dict) -> list[str]:
 
 def hung_worker(endpoint: str, honest: int, credit: int, stop: threading.Event, log: list) -> None:
     """Register, heartbeat every 0.2 s, answer the first ``honest`` windows, then never."""
-    from streampack.service.worker import pack_config_from_wire, ranges_plan
+    from streampack.service.plan_check import ranges_plan
+    from streampack.service.worker import pack_config_from_wire
 
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)

@@ -14,7 +14,8 @@ from _service import FIXTURE, SMALL
 from streampack import wire
 from streampack.corpus import open_corpus
 from streampack.service.coordinator import Coordinator
-from streampack.service.worker import pack_config_from_wire, ranges_plan
+from streampack.service.plan_check import ranges_plan
+from streampack.service.worker import pack_config_from_wire
 from streampack.settings import ProducerSettings
 
 

@@ -17,6 +17,7 @@ tokens, never from anything a worker sent.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -45,20 +46,26 @@ class ContractPlan:
         return int(self.occurrences.nbytes + self.sizes.nbytes)
 
 
+def ranges_plan(arrays: dict[str, Any], config: PackConfig) -> tuple[Any, Any]:
+    """The plan of a window sent without tokens, from its range frames (``Window.arrays``
+    or a decoded ``window`` message): what every correct worker answers."""
+    return plan_ranges(
+        arrays["offsets"],
+        arrays["start"],
+        arrays["stop"],
+        arrays["source_id"],
+        arrays["example_id"],
+        config,
+        source=arrays["source"],
+        piece_start=arrays["piece_start"],
+    )
+
+
 def contract_plan(window: Window, config: PackConfig) -> ContractPlan:
     """What any correct worker answers for ``window`` (``error`` set when the contract
     refuses the window: a budget too small, a document longer than a row)."""
     try:
-        occurrences, sizes = plan_ranges(
-            window.offsets,
-            window.start,
-            window.stop,
-            window.source_id,
-            window.example_id,
-            config,
-            source=window.source_index,
-            piece_start=window.piece_start,
-        )
+        occurrences, sizes = ranges_plan(window.arrays(), config)
     except StreampackError as exc:
         empty = np.zeros(0, np.int64)
         return ContractPlan(occurrences=empty, sizes=empty, error=str(exc))

@@ -40,8 +40,9 @@ from .. import wire
 from ..config import PackConfig
 from ..errors import StreampackError
 from ..examples import Examples
-from ..packing import compact_batches, plan_compact, plan_ranges, warm_up_kernels
+from ..packing import compact_batches, plan_compact, warm_up_kernels
 from ..settings import WorkerSettings, add_flags, from_args
+from .plan_check import ranges_plan
 
 logger = logging.getLogger(__name__)
 
@@ -51,21 +52,6 @@ def pack_config_from_wire(config: dict[str, Any]) -> PackConfig:
         return PackConfig(**config)
     except TypeError as exc:
         raise wire.ProtocolError(f"window config {config!r} is malformed: {exc}") from None
-
-
-def ranges_plan(arrays: dict[str, Any], config: PackConfig) -> tuple[Any, Any]:
-    """The plan of a window sent without tokens, from its range frames: what every
-    correct worker answers, and what the producer's plan check recomputes."""
-    return plan_ranges(
-        arrays["offsets"],
-        arrays["start"],
-        arrays["stop"],
-        arrays["source_id"],
-        arrays["example_id"],
-        config,
-        source=arrays["source"],
-        piece_start=arrays["piece_start"],
-    )
 
 
 def _warm_up(audit: Any = None) -> str:

@@ -59,7 +59,8 @@ class FakeWorker(threading.Thread):
         self.taken = 0
 
     def run(self) -> None:
-        from streampack.service.worker import pack_config_from_wire, ranges_plan
+        from streampack.service.plan_check import ranges_plan
+        from streampack.service.worker import pack_config_from_wire
 
         self.peer.send("ready", {"credit": self.credit, "needs_tokens": False})
         due: list[tuple[float, wire.Message]] = []
