@@ -7,8 +7,9 @@ whose post-processor wraps each document in ``<s> ... </s>``. Measured in one ru
 each best of ``--repeats`` rounds, taking turns:
 
 * ``encode_batch`` / ``encode_batch_fast``: the tokenizer alone, every text already in
-  memory, in one call (Rust threads on every CPU): the ceiling of any build. The build
-  calls ``encode_batch_fast`` where the installed tokenizers has it.
+  memory, in one call (tokenizers' own Rust threads on every CPU, its default). The
+  build calls ``encode_batch_fast`` where the installed tokenizers has it, a batch per
+  thread of its own with that pool off.
 * ``build``: ``streampack corpus build`` in process (``build_corpus``): reading the
   file, hashing it for the binding, encoding, writing the shards and the manifest.
 * ``datasets_map``: the usual Hugging Face way, ``Dataset.from_json`` then

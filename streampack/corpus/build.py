@@ -35,19 +35,26 @@ The binding's tokenizer identity then covers the tokenizer's files and, for
 ``messages``, the chat template used, so a corpus built with another template gives
 ``BindingMismatch``.
 
-A build runs as three stages, each in a thread of its own, with a queue of at most
-``_DEPTH`` batches between two of them; the tokenizer releases the GIL while it
-encodes a batch on its Rust threads (one per CPU, unless ``TOKENIZERS_PARALLELISM`` or
-``RAYON_NUM_THREADS`` say otherwise), so reading and writing go on meanwhile::
+A build runs as three stages with a bounded queue between two of them (``_DEPTH``
+batches, per encoder thread): a reader thread, encoder threads, and the caller's
+thread writing shards::
 
-    reader thread          encoder thread                   caller's thread
+    reader thread          encoder threads (one per CPU)        caller's thread
     lines -> records   ->  1024 records -> encode_batch  -> tokens, lengths, masks
-    (json, Parquet;        (Rust, every CPU) -> one array      -> shards (np.save),
-     skips bad lines)                                            progress
+    (json, Parquet;        -> one array, a batch each,        -> shards (np.save),
+     skips bad lines)      taken back in input order             progress
 
-Each stage takes batches in input order and each document is encoded on its own, so
-the shards are byte for byte those of encoding one document at a time; memory holds a
-few batches and one shard, whatever the corpus.
+For text, each encoder thread encodes a whole batch with tokenizers' own thread pool
+turned off (``TOKENIZERS_PARALLELISM=false`` for the build; the tokenizer releases the
+GIL while it encodes): one sequential batch per CPU costs less CPU than every CPU's
+Rust threads splitting each batch, whose idle threads spin while Python converts and
+writes (benchmarks/build.py measures both). The fine-tuning formats' encoder counts
+and logs skipped rows in input order as it goes: one encoder thread for them, with the
+tokenizer's own threads.
+
+Each document is encoded on its own and batches are written in input order, so the
+shards are byte for byte those of encoding one document at a time; memory holds a few
+batches per thread and one shard, whatever the corpus.
 """
 
 from __future__ import annotations
@@ -58,9 +65,8 @@ import hashlib
 import itertools
 import json
 import logging
-import queue
+import os
 import re
-import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
@@ -68,7 +74,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from streampack.corpus.files import regular_file
+from streampack.corpus.background import map_in_order, read_ahead
+from streampack.corpus.files import regular_file, usable_cores
 from streampack.corpus.manifest import MANIFEST_FORMAT, MANIFEST_VERSION
 from streampack.errors import InvalidConfig
 
@@ -463,57 +470,31 @@ def _encoded(ids: list[list[int]], masks: list[list[int]] | None = None) -> _Enc
 _Item = TypeVar("_Item")
 
 
-def _in_background(items: Iterable[_Item], name: str) -> Generator[_Item, None, None]:
-    """``items``, computed in a thread of its own at most ``_DEPTH`` ahead of the
-    caller. An exception there is raised here; closing this generator (the caller
-    stopped or failed) stops the thread and waits for it."""
-    handoff: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_DEPTH)
-    stop = threading.Event()
-
-    def put(kind: str, value: Any) -> bool:
-        while not stop.is_set():
-            try:
-                handoff.put((kind, value), timeout=0.05)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def run() -> None:
-        try:
-            for item in items:
-                if not put("item", item):
-                    return
-        except BaseException as exc:  # whatever it is, the caller raises it: none is lost
-            put("error", exc)
-            return
-        put("end", None)
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    try:
-        while True:
-            kind, value = handoff.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
-    finally:
-        stop.set()
-        thread.join()
-
-
 def _pipeline(
-    batches: Iterator[_Item], encode: Callable[[_Item], _Encoded]
+    batches: Iterator[_Item], encode: Callable[[_Item], _Encoded], threads: int = 1
 ) -> Generator[_Encoded, None, None]:
-    """The encoded batches: ``batches`` read in one thread, encoded in another (the
-    module docstring's picture)."""
-    read = _in_background(batches, "corpus-build-read")
+    """The encoded batches, in input order: ``batches`` read in one thread, encoded in
+    ``threads`` others (the module docstring's picture)."""
+    read = read_ahead(batches, _DEPTH, "corpus-build-read")
     try:
-        yield from _in_background(map(encode, read), "corpus-build-encode")
+        yield from map_in_order(encode, read, threads, threads * _DEPTH, "corpus-build-encode")
     finally:
-        read.close()  # after the encoder thread has stopped: nothing reads it any more
+        read.close()  # after the encoder threads have stopped: nothing reads it any more
+
+
+@contextlib.contextmanager
+def _tokenizer_threads_off() -> Iterator[None]:
+    """``TOKENIZERS_PARALLELISM=false`` while the block runs (tokenizers reads it at
+    every call), then as it was: the build's own threads encode one batch each."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
 def _write(
@@ -597,7 +578,10 @@ def build_corpus(
     writer = _ShardWriter(out, vocab_size, shard_tokens, masked=False)
     reader = _jsonl_texts if source.suffix == ".jsonl" else _parquet_texts
     texts = _batched(reader(source, text_column, report))
-    _write(_pipeline(texts, _text_encoder(tokenizer, eos_id)), writer, report, progress)
+    threads = usable_cores()
+    with _tokenizer_threads_off():
+        encoded = _pipeline(texts, _text_encoder(tokenizer, eos_id), threads)
+        _write(encoded, writer, report, progress)
     return _finish(writer, report, source, f"text under {text_column!r}", started)
 
 

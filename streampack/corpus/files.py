@@ -1,11 +1,20 @@
-"""File checks shared by the readers: regular files only, names kept inside the corpus."""
+"""Shared by the readers and the build: file checks (regular files only, names kept
+inside the corpus) and the cores this process may use."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
 from streampack.errors import InvalidConfig
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity, where the system keeps one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def regular_file(path: Path, what: str) -> Path:

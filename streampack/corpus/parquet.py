@@ -14,30 +14,19 @@ a row group at a time.
 
 from __future__ import annotations
 
-import os
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from queue import Full, Queue
 from typing import Any, TypeVar
 
 import numpy as np
 
 from streampack.corpus.arrow import import_pyarrow, supervision_type, token_list_type
-from streampack.corpus.files import regular_file
+from streampack.corpus.background import map_in_order, read_ahead
+from streampack.corpus.files import regular_file, usable_cores
 from streampack.corpus.masks import labels_to_mask, mask_spec
 from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
 from streampack.errors import InvalidConfig
-
-
-def _usable_cores() -> int:
-    """Cores this process may run on (its affinity, where the system keeps one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
 
 READ_AHEAD = 1  # decoded row groups queued for the cut, ahead of the one being cut
 #: Row groups decoded at once, each on its own thread with its own file handle
@@ -46,50 +35,8 @@ READ_AHEAD = 1  # decoded row groups queued for the cut, ahead of the one being 
 #: 1.25x one (a handle shared between the threads: 0.8x), but with the cut on the
 #: same two cores the whole read was slower (0.8-0.9x): a second decoder only where
 #: a core is left for it.
-DECODERS = 2 if _usable_cores() > 2 else 1
+DECODERS = 2 if usable_cores() > 2 else 1
 _T = TypeVar("_T")
-
-
-def read_ahead(items: Iterator[_T], depth: int) -> Iterator[_T]:
-    """``items``, produced on a background thread at most ``depth`` ahead of the
-    consumer (memory: ``depth`` items queued, one being made, one being used). An
-    exception on the thread is raised here, as it would have been; closing this
-    iterator stops the thread after the item it is making."""
-    queue: Queue[tuple[BaseException | None, Any]] = Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def put(entry: tuple[BaseException | None, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                queue.put(entry, timeout=0.05)
-                return True
-            except Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for item in items:
-                if not put((None, item)):
-                    return
-            put((None, done))
-        except BaseException as exc:  # handed to the consumer, raised there
-            put((exc, None))
-
-    thread = threading.Thread(target=run, name="streampack-read-ahead", daemon=True)
-    thread.start()
-    try:
-        while True:
-            error, item = queue.get()
-            if error is not None:
-                raise error
-            if item is done:
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _open(pq: Any, pa: Any, path: Path) -> Any:
@@ -181,17 +128,7 @@ class ParquetSource(SingleSource):
                     break
                 jobs.append(self._job(handles, path, group, source_id))
                 source_id += self._group_rows[at]
-        pool = ThreadPoolExecutor(DECODERS, thread_name_prefix="streampack-decode")
-        pending: deque[Future[Block]] = deque()
-        try:
-            for job in jobs:
-                pending.append(pool.submit(job))
-                if len(pending) == DECODERS:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        return map_in_order(lambda job: job(), jobs, DECODERS, DECODERS, "streampack-decode")
 
     def _job(
         self, handles: threading.local, path: Path, group: int, first: int

@@ -114,42 +114,6 @@ def test_the_block_shuffle_emits_what_the_record_shuffle_does(size, block_size):
     }
 
 
-def test_read_ahead_raises_the_readers_error_where_it_is_read():
-    from streampack.corpus.parquet import read_ahead
-    from streampack.errors import InvalidConfig
-
-    def groups():
-        yield 1
-        yield 2
-        raise InvalidConfig("row group 2 cannot be read")
-
-    seen = []
-    with pytest.raises(InvalidConfig, match="row group 2 cannot be read"):
-        for item in read_ahead(groups(), 1):
-            seen.append(item)
-    assert seen == [1, 2]
-
-
-def test_read_ahead_stays_bounded_and_stops_when_closed():
-    import threading
-
-    from streampack.corpus.parquet import read_ahead
-
-    made = []
-
-    def groups():
-        for i in range(100):
-            made.append(i)
-            yield i
-
-    items = read_ahead(groups(), 2)
-    assert next(items) == 0
-    threading.Event().wait(0.2)
-    assert len(made) <= 4  # one used, two queued, one being made
-    items.close()
-    assert not [t for t in threading.enumerate() if t.name == "streampack-read-ahead"]
-
-
 def _lines(masked: str | None) -> list[str]:
     """Lines of every shape: plain ones the compiled parser reads and every kind it
     leaves to ``json`` (each bad one quarantined with its reason by parse_line)."""

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -305,23 +305,42 @@ def build_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("corpus-build")]
 
 
-def test_a_build_stage_runs_a_bounded_way_ahead_and_stops_with_its_caller():
+def test_batches_encoded_on_several_threads_are_written_in_input_order(tmp_path, monkeypatch):
+    """Many batches, one encoder thread per (pretended) core: the shards hold every
+    document as encoding it alone gives, in input order; tokenizers' own threads are
+    off during the build and the setting is as it was after it."""
+    from tokenizers import Tokenizer
+
     from streampack.corpus import build
 
-    produced = []
+    monkeypatch.setattr(build, "usable_cores", lambda: 3)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    rng = np.random.default_rng(0)
+    words = " ".join(TEXTS).split()
+    texts = [" ".join(rng.choice(words, rng.integers(1, 30))) for _ in range(5 * build._BATCH)]
+    source = tmp_path / "text.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
+    seen = []
+    encode = build._text_encoder
 
-    def endless():
-        for n in itertools.count():
-            produced.append(n)
-            yield n
+    def watched(*args):
+        inner = encode(*args)
 
-    stage = build._in_background(endless(), "corpus-build-test")
-    assert next(stage) == 0
-    time.sleep(0.2)  # time enough for an unbounded stage to run far ahead
-    stage.close()
-    # The one taken, the queue's, and the one the thread held when it stopped.
-    assert len(produced) == build._DEPTH + 2
-    assert build_threads() == []
+        def encode_batch(batch):
+            seen.append((threading.current_thread().name, os.environ["TOKENIZERS_PARALLELISM"]))
+            time.sleep(0.05)  # slower than reading: the next batch finds this thread busy
+            return inner(batch)
+
+        return encode_batch
+
+    monkeypatch.setattr(build, "_text_encoder", watched)
+    build_corpus(source, tokenizer, tmp_path / "out", shard_tokens=5000)
+    reference = Tokenizer.from_file(str(tokenizer))
+    assert read_documents(tmp_path / "out") == [reference.encode(t).ids for t in texts]
+    assert {setting for _, setting in seen} == {"false"} and len(seen) == 5
+    assert len({name for name, _ in seen}) > 1  # the batches went to more than one thread
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true" and build_threads() == []
 
 
 def test_a_reading_error_is_raised_by_the_build(tmp_path):
