@@ -7,6 +7,12 @@ reader (a shuffled epoch goes through the seeded shuffle buffer, like JSON Lines
 memory holds a few row groups (those decoded ahead of the cut, ``ParquetSource.blocks``)
 plus the buffer.
 
+A row group's token column is read by :mod:`streampack.corpus.parquet_pages` (its
+pages decoded straight into offsets and tokens by compiled kernels, 2-4x pyarrow's
+reading) wherever it has the plain shape tokenized data is written in; a row group
+with a null or an empty list, a masked corpus, and any codec, encoding or type that
+module does not read go through pyarrow, as before. Both give the same blocks.
+
 Supervision: ``"mask"`` / ``"labels"`` name a list column as for Arrow
 (:mod:`streampack.corpus.arrow`, :mod:`streampack.corpus.masks`), read with the tokens
 a row group at a time.
@@ -21,6 +27,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from streampack.corpus import parquet_pages
 from streampack.corpus.arrow import import_pyarrow, supervision_type, token_list_type
 from streampack.corpus.background import map_in_order, read_ahead
 from streampack.corpus.files import regular_file, usable_cores
@@ -30,11 +37,11 @@ from streampack.errors import InvalidConfig
 
 READ_AHEAD = 1  # decoded row groups queued for the cut, ahead of the one being cut
 #: Row groups decoded at once, each on its own thread with its own file handle
-#: (pyarrow decodes a column on one thread and releases the GIL). On the 2-core
-#: machine the benchmarks ran on, pyarrow alone decoded two row groups at once at
-#: 1.25x one (a handle shared between the threads: 0.8x), but with the cut on the
-#: same two cores the whole read was slower (0.8-0.9x): a second decoder only where
-#: a core is left for it.
+#: (pyarrow and the compiled page kernels release the GIL). On the 2-core machine the
+#: benchmarks ran on, pyarrow alone decoded two row groups at once at 1.25x one (a
+#: handle shared between the threads: 0.8x), but with the cut on the same two cores
+#: the whole read was slower (0.8-0.9x with pyarrow, 0.97x with parquet_pages): a
+#: second decoder only where a core is left for it.
 DECODERS = 2 if usable_cores() > 2 else 1
 _T = TypeVar("_T")
 
@@ -70,6 +77,8 @@ class ParquetSource(SingleSource):
         self.spec = None
         self._groups: list[tuple[int, int]] = []  # (file, row group) in reading order
         self._group_rows: list[int] = []
+        # Per file: how parquet_pages reads its token column (None: pyarrow reads it).
+        self._plans: list[parquet_pages.ColumnPlan | None] = []
         first: list[int] = []  # the source id of each one's first row
         for number, path in enumerate(self.paths):
             opened = _open(pq, pa, path)
@@ -84,6 +93,8 @@ class ParquetSource(SingleSource):
                     f'columns are {schema.names} (set "column" in the manifest)'
                 )
             token_list_type(pa, schema.field(column).type, column, f"Parquet file {str(path)!r}")
+            unmasked = self.spec is None  # a mask column: pyarrow reads both columns
+            self._plans.append(parquet_pages.column_plan(pa, opened, column) if unmasked else None)
             metadata = opened.metadata
             for group in range(metadata.num_row_groups):
                 self._groups.append((number, group))
@@ -108,8 +119,8 @@ class ParquetSource(SingleSource):
 
     def blocks(self) -> Iterator[Block]:
         """One block per row group, decoded columnar: the list column's offsets and
-        values as NumPy (zero-copy where pyarrow allows), nulls from the validity
-        bitmaps, no Python object per document. ``DECODERS`` row groups are decoded at
+        values as NumPy (parquet_pages, or pyarrow zero-copy where it allows, nulls
+        from the validity bitmaps), no Python object per document. ``DECODERS`` row groups are decoded at
         once on background threads (pyarrow and NumPy release the GIL), in order, at
         most ``READ_AHEAD`` decoded ones waiting for the cut: memory holds
         ``DECODERS + READ_AHEAD + 2`` row groups at most (one handed over, one cut)."""
@@ -140,9 +151,17 @@ class ParquetSource(SingleSource):
 
         columns = [self.column] + ([] if self.spec is None else [self.spec.name])
 
+        plan = self._plans[self.paths.index(path)]
+
         def decode() -> Block:
             if getattr(handles, "path", None) != path:  # this thread's handle of the file
                 handles.path, handles.file = path, _open(pq, pa, path)
+                handles.data = parquet_pages.file_bytes(path) if plan is not None else None
+            if plan is not None:
+                read = parquet_pages.read_row_group(pa, handles.data, handles.file, plan, group)
+                if read is not None:
+                    offsets, tokens = read
+                    return _block_of(tokens, np.diff(offsets), first, {})
             try:
                 # One column or two: pyarrow's own threads cost more than they give.
                 table = handles.file.read_row_group(group, columns=columns, use_threads=False)
@@ -198,18 +217,7 @@ class ParquetSource(SingleSource):
                 bad |= flags
             tokens = tokens[np.repeat(~bad, raw_lengths)]
             lengths = np.where(bad, 0, raw_lengths)
-        ids = np.arange(first, first + n, dtype=np.int64)
-        return Block(
-            tokens=tokens,
-            lengths=lengths,
-            starts=np.zeros(n, np.int64),
-            stops=lengths.copy(),
-            source_ids=ids,
-            example_ids=ids,
-            problems=problems,
-            mask=mask,
-            mask_lengths=mask_lengths,
-        )
+        return _block_of(tokens, lengths, first, problems, mask, mask_lengths)
 
     def _masks(
         self, lists: Any, tokens: np.ndarray, lengths: np.ndarray
@@ -236,3 +244,27 @@ class ParquetSource(SingleSource):
             for row, reason, detail in mismatched:
                 problems.setdefault(row, (reason, detail))
         return stored, problems, offsets
+
+
+def _block_of(
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    first: int,
+    problems: dict[int, tuple[str, str]],
+    mask: np.ndarray | None = None,
+    mask_lengths: np.ndarray | None = None,
+) -> Block:
+    """A row group's block: its documents whole, source ids from ``first``."""
+    n = len(lengths)
+    ids = np.arange(first, first + n, dtype=np.int64)
+    return Block(
+        tokens=tokens,
+        lengths=lengths,
+        starts=np.zeros(n, np.int64),
+        stops=lengths.copy(),
+        source_ids=ids,
+        example_ids=ids,
+        problems=problems,
+        mask=mask,
+        mask_lengths=mask_lengths,
+    )

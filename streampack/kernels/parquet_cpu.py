@@ -1,0 +1,216 @@
+"""Compiled decoding of Parquet's RLE / bit-packed hybrid streams, for the token
+column's pages (``streampack.corpus.parquet_pages`` walks the pages and calls these).
+
+The hybrid encoding is a sequence of runs, each headed by a ULEB128 varint: an even
+header ``2k`` is a run of ``k`` copies of one value (stored in ``ceil(width / 8)``
+little-endian bytes), an odd header ``2g + 1`` is ``8g`` values bit-packed
+least-significant bit first, ``width`` bits each. Levels and dictionary indices both
+use it. Levels are read run by run, never expanded: a document of a few hundred tokens
+is one short bit-packed group and one run of repetition level 1.
+
+Every function reads only inside ``data[pos:end]`` and returns -1 where the stream is
+malformed (ends early, an index outside the dictionary, a level outside its range):
+the caller then reads the row group with pyarrow, whose error names the problem.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def _varint(data, pos, end):  # pragma: no cover - compiled
+    """``(value, next position)`` of the ULEB128 varint at ``pos``; ``(-1, end)`` when
+    it runs past ``end``."""
+    value = 0
+    shift = 0
+    while pos < end:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 56:
+            break
+    return -1, end
+
+
+@njit(cache=True, nogil=True)
+def _run_value(data, pos, end, width):  # pragma: no cover - compiled
+    """The value of a repeated run, ``ceil(width / 8)`` little-endian bytes at ``pos``;
+    ``(-1, end)`` when they run past ``end``."""
+    size = (width + 7) // 8
+    if pos + size > end:
+        return -1, end
+    value = 0
+    for k in range(size):
+        value |= data[pos + k] << (8 * k)
+    return value, pos + size
+
+
+@njit(cache=True, nogil=True)
+def dictionary_values(data, pos, end, width, count, dictionary, out, at_out):  # pragma: no cover
+    """``out[at_out:at_out + count] = dictionary[index]`` for the next ``count`` indices of the
+    hybrid stream at ``data[pos:end]`` (``width`` bits each); ``count`` or -1."""
+    size = dictionary.shape[0]
+    done = 0
+    while done < count:
+        header, pos = _varint(data, pos, end)
+        if header < 0:
+            return -1
+        if header & 1 == 0:  # a repeated run
+            n = header >> 1
+            index, pos = _run_value(data, pos, end, width)
+            if index < 0 or index >= size or n > count - done:
+                return -1
+            value = dictionary[index]
+            for k in range(n):
+                out[at_out + done + k] = value
+            done += n
+        else:  # groups of 8 bit-packed indices
+            n = (header >> 1) * 8
+            stop = pos + (header >> 1) * width
+            if stop > end:
+                return -1
+            take = min(n, count - done)  # the last group may be padded past count
+            # 4-byte windows wherever they stay inside the stream: all but the last
+            # group of the stream's last run (whose windows would read past its end).
+            fast = 0
+            if width <= 25:
+                fast = take if stop + 3 <= end else min(take, ((header >> 1) - 1) * 8)
+            top = _packed_from_windows(data, pos, width, fast, dictionary, out, at_out + done)
+            rest = _packed_bit_by_bit(
+                data, pos, width, fast, take - fast, dictionary, out, at_out + done + fast
+            )
+            if max(top, rest) >= size:
+                return -1
+            pos = stop
+            done += take  # a padded last group's rest is never read
+    return count
+
+
+@njit(cache=True, nogil=True)
+def levels_all_equal(data, pos, end, width, count, level):  # pragma: no cover - compiled
+    """Whether the next ``count`` levels of the hybrid stream all equal ``level``
+    (1), some do not (0), or the stream is malformed (-1)."""
+    mask = (1 << width) - 1
+    done = 0
+    while done < count:
+        header, pos = _varint(data, pos, end)
+        if header < 0:
+            return -1
+        if header & 1 == 0:
+            n = header >> 1
+            value, pos = _run_value(data, pos, end, width)
+            if value < 0 or n > count - done:
+                return -1
+            if value != level and n > 0:
+                return 0
+            done += n
+        else:
+            groups = header >> 1
+            if pos + groups * width > end:
+                return -1
+            take = min(groups * 8, count - done)
+            held = 0
+            bits = 0
+            for _ in range(take):
+                while bits < width:
+                    held |= data[pos] << bits
+                    pos += 1
+                    bits += 8
+                if held & mask != level:
+                    return 0
+                held >>= width
+                bits -= width
+            done += take  # a padded last group's rest is never read
+    return 1
+
+
+@njit(cache=True, nogil=True)
+def row_starts(data, pos, end, count, first, starts, rows):  # pragma: no cover - compiled
+    """Walk the next ``count`` repetition levels (width 1; level 0 starts a row) and
+    write ``first + k`` to ``starts[rows], starts[rows + 1], ...`` for each entry ``k``
+    that starts one. Returns the new number of rows, or -1 when the stream is
+    malformed or holds more rows than ``starts`` has room for."""
+    room = starts.shape[0]
+    done = 0
+    while done < count:
+        header, pos = _varint(data, pos, end)
+        if header < 0:
+            return -1
+        if header & 1 == 0:
+            n = header >> 1
+            value, pos = _run_value(data, pos, end, 1)
+            if value < 0 or value > 1 or n > count - done:
+                return -1
+            if value == 0:
+                if rows + n > room:
+                    return -1
+                for k in range(n):
+                    starts[rows + k] = first + done + k
+                rows += n
+            done += n
+        else:
+            groups = header >> 1
+            if pos + groups > end:
+                return -1
+            take = min(groups * 8, count - done)
+            for k in range(take):
+                if (data[pos + (k >> 3)] >> (k & 7)) & 1 == 0:
+                    if rows >= room:
+                        return -1
+                    starts[rows] = first + done + k
+                    rows += 1
+            pos += groups
+            done += take
+    return rows
+
+
+@njit(cache=True, nogil=True)
+def _packed_from_windows(data, pos, width, take, dictionary, out, at):  # pragma: no cover
+    """``out[at + k] = dictionary[index k]`` for ``take`` bit-packed indices at
+    ``data[pos:]``, each read from the 4-byte window at its first byte (the caller
+    checked the windows stay inside the stream and ``width <= 25``). Returns the
+    largest index; one past the dictionary is looked up as its last entry (the caller
+    then refuses the page). All unsigned: Numba checks a signed index for a negative
+    value on every access, which made this 3x slower."""
+    w = np.uint64(width)
+    mask = np.uint64((1 << width) - 1)
+    last = np.uint64(dictionary.shape[0] - 1)
+    start = np.uint64(pos)
+    first = np.uint64(at)
+    three = np.uint64(3)
+    seven = np.uint64(7)
+    top = np.uint64(0)
+    for k in range(np.uint64(take)):
+        bit = k * w
+        lo = start + (bit >> three)
+        word = (
+            np.uint64(data[lo])
+            | (np.uint64(data[lo + np.uint64(1)]) << np.uint64(8))
+            | (np.uint64(data[lo + np.uint64(2)]) << np.uint64(16))
+            | (np.uint64(data[lo + three]) << np.uint64(24))
+        )
+        index = (word >> (bit & seven)) & mask
+        top = max(top, index)
+        out[first + k] = dictionary[min(index, last)]
+    return np.int64(top)
+
+
+@njit(cache=True, nogil=True)
+def _packed_bit_by_bit(data, pos, width, skip, take, dictionary, out, at):  # pragma: no cover
+    """``_packed_from_windows`` bit by bit, for ``take`` indices after the first
+    ``skip``: the last group of a stream, and widths past 25."""
+    last = dictionary.shape[0] - 1
+    top = 0
+    for k in range(take):
+        index = 0
+        for b in range(width):
+            bit = (skip + k) * width + b
+            index |= ((data[pos + (bit >> 3)] >> (bit & 7)) & 1) << b
+        top = max(top, index)
+        out[at + k] = dictionary[min(index, last)]
+    return top

@@ -1,0 +1,227 @@
+"""``streampack.corpus.parquet_pages``: every row group it reads equals pyarrow's
+reading of it, for every way the common writers store a token column; whatever it
+does not read (nulls, empty lists, other value types, pages it does not know) it
+leaves to pyarrow by returning None."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streampack.corpus import parquet_pages
+
+
+def token_lists(lengths: list[int], vocab: int, seed: int, dtype=np.int32) -> pa.ListArray:
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, vocab, sum(lengths)).astype(dtype)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def read_both(
+    path: Path, column: str = "input_ids", pyarrow: bool = True
+) -> list[tuple[object, pa.ListArray | None]]:
+    """Per row group: what parquet_pages reads (``(offsets, tokens)`` or None) and
+    pyarrow's list array (None unless ``pyarrow``)."""
+    handle = pq.ParquetFile(str(path))
+    plan = parquet_pages.column_plan(pa, handle, column)
+    data = parquet_pages.file_bytes(path)
+    out = []
+    for group in range(handle.metadata.num_row_groups):
+        ours = None if plan is None else parquet_pages.read_row_group(pa, data, handle, plan, group)
+        theirs = None
+        if pyarrow:
+            theirs = handle.read_row_group(group, columns=[column]).column(0).combine_chunks()
+        out.append((ours, theirs))
+    return out
+
+
+def assert_same(path: Path) -> None:
+    both = read_both(path)
+    assert both
+    for ours, theirs in both:
+        assert ours is not None and theirs is not None
+        offsets, tokens = ours
+        want = theirs.offsets.to_numpy().astype(np.int64)
+        assert offsets.dtype == np.int64 and offsets.tolist() == (want - want[0]).tolist()
+        values = theirs.values.to_numpy()[want[0] : want[-1]]
+        assert tokens.dtype == values.dtype and np.array_equal(tokens, values)
+
+
+LEAF = "input_ids.list.element"  # the token column's leaf, as writers name it
+WRITERS = {
+    "default": {},
+    "no-dictionary": {"use_dictionary": False},
+    "uncompressed": {"compression": "none"},
+    "gzip": {"compression": "gzip"},
+    "zstd": {"compression": "zstd"},
+    "brotli": {"compression": "brotli"},
+    "page-v2": {"data_page_version": "2.0"},
+    "page-v2-uncompressed": {"data_page_version": "2.0", "compression": "none"},
+    # Small pages: documents run across page boundaries (v1 lets them).
+    "small-pages": {"data_page_size": 2048},
+    "small-pages-v2": {"data_page_size": 2048, "data_page_version": "2.0"},
+    # The dictionary outgrows its page limit: the rest of the chunk is PLAIN.
+    "dictionary-fallback": {"dictionary_pagesize_limit": 4096, "data_page_size": 8192},
+}
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_every_writer_setting_reads_as_pyarrow_reads_it(tmp_path, writer):
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 600, 900).tolist() + [1, 1, 5000, 1]
+    table = pa.table({"input_ids": token_lists(lengths, 50_000, seed=4)})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=300, **WRITERS[writer])
+    assert_same(tmp_path / "t.parquet")
+
+
+def test_the_dictionary_fallback_case_really_mixes_encodings(tmp_path):
+    """The fallback setting above does store PLAIN pages after dictionary ones (else
+    it would test nothing new)."""
+    table = pa.table({"input_ids": token_lists([400] * 300, 50_000, seed=4)})
+    pq.write_table(table, tmp_path / "t.parquet", **WRITERS["dictionary-fallback"])
+    chunk = pq.ParquetFile(str(tmp_path / "t.parquet")).metadata.row_group(0).column(0)
+    assert {"PLAIN", "RLE_DICTIONARY"} <= set(chunk.encodings) or {
+        "PLAIN",
+        "PLAIN_DICTIONARY",
+    } <= set(chunk.encodings)
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 3, 255, 256, 70_000, 2**31 - 1])
+def test_every_dictionary_index_width_reads_as_pyarrow_reads_it(tmp_path, vocab):
+    """Index widths 0 (one distinct token) to 17 bits, and a dictionary given up for
+    PLAIN (distinct tokens past its limit)."""
+    rng = np.random.default_rng(vocab % 1000)
+    lengths = rng.integers(1, 300, 400).tolist()
+    table = pa.table({"input_ids": token_lists(lengths, vocab, seed=5)})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=150)
+    assert_same(tmp_path / "t.parquet")
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        pa.field("input_ids", pa.list_(pa.int64())),
+        pa.field("input_ids", pa.large_list(pa.int32())),
+        pa.field("input_ids", pa.list_(pa.field("item", pa.int32(), nullable=False))),
+        pa.field("input_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field(
+            "input_ids", pa.list_(pa.field("item", pa.int64(), nullable=False)), nullable=False
+        ),
+    ],
+    ids=["int64", "large-list", "required-tokens", "required-rows", "required-both"],
+)
+def test_other_list_types_and_nullability_read_as_pyarrow_reads_them(tmp_path, field):
+    dtype = field.type.value_type.to_pandas_dtype()
+    lists = token_lists([3, 1, 700, 20] * 50, 40_000, seed=6, dtype=dtype)
+    table = pa.table({"input_ids": lists.cast(field.type)}, schema=pa.schema([field]))
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=64)
+    assert_same(tmp_path / "t.parquet")
+
+
+def test_the_token_column_is_found_among_others(tmp_path):
+    lists = token_lists([5, 9, 2] * 40, 1000, seed=7)
+    table = pa.table(
+        {"id": pa.array(range(120)), "input_ids": lists, "text": pa.array(["x"] * 120)}
+    )
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=50)
+    assert_same(tmp_path / "t.parquet")
+
+
+@pytest.mark.parametrize(
+    "lists",
+    [
+        pa.array([[1, 2], None, [3]], pa.list_(pa.int32())),  # a null row
+        pa.array([[1, 2], [None, 4], [3]], pa.list_(pa.int32())),  # a null token
+        pa.array([[1, 2], [], [3]], pa.list_(pa.int32())),  # an empty document
+    ],
+    ids=["null-row", "null-token", "empty-list"],
+)
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_a_row_group_with_a_null_or_an_empty_list_is_left_to_pyarrow(tmp_path, lists, version):
+    """What the levels say is not a plain document: None for that row group only."""
+    good = pa.array([[5, 6, 7]] * 3, pa.list_(pa.int32()))
+    table = pa.table({"input_ids": pa.concat_arrays([good, lists])})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=3, data_page_version=version)
+    (first, _), (second, _) = read_both(tmp_path / "t.parquet")
+    assert first is not None and first[1].tolist() == [5, 6, 7] * 3
+    assert second is None
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [pa.list_(pa.int16()), pa.list_(pa.uint32()), pa.list_(pa.int8()), pa.list_(pa.uint64())],
+    ids=str,
+)
+def test_other_value_types_are_left_to_pyarrow(tmp_path, kind):
+    table = pa.table({"input_ids": pa.array([[1, 2, 3], [4]], kind)})
+    pq.write_table(table, tmp_path / "t.parquet")
+    handle = pq.ParquetFile(str(tmp_path / "t.parquet"))
+    assert parquet_pages.column_plan(pa, handle, "input_ids") is None
+
+
+@pytest.mark.parametrize(
+    "writer",
+    [
+        {"compression": "lz4"},
+        {"use_dictionary": False, "column_encoding": {LEAF: "DELTA_BINARY_PACKED"}},
+        {"use_dictionary": False, "column_encoding": {LEAF: "BYTE_STREAM_SPLIT"}},
+    ],
+    ids=["lz4", "delta-binary-packed", "byte-stream-split"],
+)
+def test_a_codec_or_encoding_not_read_here_is_left_to_pyarrow(tmp_path, writer):
+    table = pa.table({"input_ids": token_lists([30] * 50, 1000, seed=8)})
+    pq.write_table(table, tmp_path / "t.parquet", **writer)
+    [(ours, theirs)] = read_both(tmp_path / "t.parquet")
+    assert ours is None and theirs is not None and len(theirs) == 50
+
+
+def test_a_damaged_page_header_is_left_to_pyarrow(tmp_path):
+    """The first page header overwritten: None, no exception (the reader then asks
+    pyarrow, whose error names the damage)."""
+    table = pa.table({"input_ids": token_lists([30] * 50, 1000, seed=8)})
+    pq.write_table(table, tmp_path / "t.parquet", compression="none")
+    chunk = pq.ParquetFile(str(tmp_path / "t.parquet")).metadata.row_group(0).column(0)
+    start = min(chunk.data_page_offset, chunk.dictionary_page_offset or chunk.data_page_offset)
+    raw = bytearray((tmp_path / "t.parquet").read_bytes())
+    raw[start : start + 6] = b"\xff" * 6
+    (tmp_path / "t.parquet").write_bytes(bytes(raw))
+    [(ours, _)] = read_both(tmp_path / "t.parquet", pyarrow=False)
+    assert ours is None
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    lengths=st.lists(st.integers(1, 400), min_size=1, max_size=120),
+    vocab=st.sampled_from([1, 7, 300, 65_536, 1 << 20]),
+    rows=st.integers(1, 50),
+    page=st.sampled_from([256, 4096, 1 << 20]),
+    version=st.sampled_from(["1.0", "2.0"]),
+    dictionary=st.booleans(),
+    compression=st.sampled_from(["none", "snappy", "zstd"]),
+    seed=st.integers(0, 1000),
+)
+def test_random_token_columns_read_as_pyarrow_reads_them(
+    tmp_path, lengths, vocab, rows, page, version, dictionary, compression, seed
+):
+    table = pa.table({"input_ids": token_lists(lengths, vocab, seed)})
+    pq.write_table(
+        table,
+        tmp_path / "t.parquet",
+        row_group_size=rows,
+        data_page_size=page,
+        data_page_version=version,
+        use_dictionary=dictionary,
+        compression=compression,
+    )
+    assert_same(tmp_path / "t.parquet")
