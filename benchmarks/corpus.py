@@ -11,9 +11,10 @@ Parquet with a ``labels`` column, JSON Lines with a ``mask`` field. Reported: to
 per second of each, its ratio to token shards in the same order, and that every format
 yielded the same token count. Best of ``--repeats`` rounds, formats taking turns.
 
-``parquet_decode_alone`` is the ceiling the Parquet rows stand under: pyarrow's
-``read_row_group`` of every row group (the token column, as the reader asks for it)
-and nothing else, on one thread and on two at once (a file handle each).
+``parquet_decode_alone`` is pyarrow's ``read_row_group`` of every row group (the token
+column) and nothing else, on one thread and on two at once (a file handle each);
+``parquet_pages_alone`` the same for ``streampack.corpus.parquet_pages``, which the
+reader uses for such a file: the ceiling the Parquet rows stand under.
 
     python benchmarks/corpus.py [--documents 50000] [--repeats 3] [--seed 0]
 """
@@ -132,19 +133,28 @@ def read(path: Path, shuffle: bool) -> tuple[float, int]:
     return time.perf_counter() - start, tokens
 
 
-def decode_parquet(path: Path, threads: int) -> float:
-    """Seconds pyarrow alone takes to decode every row group of ``path``'s token
-    column, ``threads`` row groups at once (each thread with its own handle)."""
+def decode_parquet(path: Path, threads: int, ours: bool = False) -> float:
+    """Seconds pyarrow alone (or, ``ours``, parquet_pages alone) takes to decode every
+    row group of ``path``'s token column, ``threads`` row groups at once (each thread
+    with its own handle)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from streampack.corpus import parquet_pages
 
     handles = [pq.ParquetFile(str(path), memory_map=True) for _ in range(threads)]
     groups = handles[0].num_row_groups
+    plan = parquet_pages.column_plan(pa, handles[0], "input_ids")
+    data = parquet_pages.file_bytes(path)
 
     def decode(k: int) -> None:
         for group in range(k, groups, threads):
-            handles[k].read_row_group(group, columns=["input_ids"], use_threads=False)
+            if ours:
+                assert parquet_pages.read_row_group(pa, data, handles[k], plan, group) is not None
+            else:
+                handles[k].read_row_group(group, columns=["input_ids"], use_threads=False)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
@@ -173,9 +183,10 @@ def main() -> None:
                     key = (name, int(shuffle))
                     best[key] = min(best.get(key, float("inf")), seconds)
             for threads in (1, 2):
-                seconds = decode_parquet(Path(tmp) / "d.parquet", threads)
-                decode = ("parquet_decode_alone", threads)
-                best[decode] = min(best.get(decode, float("inf")), seconds)
+                for ours in (False, True):
+                    seconds = decode_parquet(Path(tmp) / "d.parquet", threads, ours)
+                    decode = ("parquet_pages_alone" if ours else "parquet_decode_alone", threads)
+                    best[decode] = min(best.get(decode, float("inf")), seconds)
     total = int(lengths.sum())
     results = {}
     for shuffle in (False, True):
@@ -200,11 +211,14 @@ def main() -> None:
                 "python": sys.version.split()[0],
                 "machine": platform.machine(),
                 **results,
-                "parquet_decode_alone_m_tokens_per_s": {
-                    f"{threads}_thread{'s' if threads > 1 else ''}": round(
-                        total / best[("parquet_decode_alone", threads)] / 1e6, 2
-                    )
-                    for threads in (1, 2)
+                **{
+                    f"{decoder}_m_tokens_per_s": {
+                        f"{threads}_thread{'s' if threads > 1 else ''}": round(
+                            total / best[(decoder, threads)] / 1e6, 2
+                        )
+                        for threads in (1, 2)
+                    }
+                    for decoder in ("parquet_decode_alone", "parquet_pages_alone")
                 },
             },
             indent=1,

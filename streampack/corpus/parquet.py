@@ -38,11 +38,11 @@ from streampack.errors import InvalidConfig
 READ_AHEAD = 1  # decoded row groups queued for the cut, ahead of the one being cut
 #: Row groups decoded at once, each on its own thread with its own file handle
 #: (pyarrow and the compiled page kernels release the GIL). On the 2-core machine the
-#: benchmarks ran on, pyarrow alone decoded two row groups at once at 1.25x one (a
-#: handle shared between the threads: 0.8x), but with the cut on the same two cores
-#: the whole read was slower (0.8-0.9x with pyarrow, 0.97x with parquet_pages): a
-#: second decoder only where a core is left for it.
-DECODERS = 2 if usable_cores() > 2 else 1
+#: benchmarks ran on, reading the benchmark's file whole through the cut, two
+#: parquet_pages decoders gave 1.02-1.35x one (alternating, one process). Row groups
+#: left to pyarrow do worse there: two at once were 0.8-0.9x one with the cut on the
+#: same two cores (pyarrow alone: 1.25x), a price paid for files with nulls only.
+DECODERS = 2 if usable_cores() >= 2 else 1
 _T = TypeVar("_T")
 
 

@@ -284,7 +284,7 @@ def test_parquet_holds_a_few_row_groups_not_the_file(tmp_path, shuffle, null_row
     group = 500 * per_row * 4  # one row group's int32 tokens
     assert documents == rows  # quarantined ones included
     if not null_rows:
-        assert pyarrow_peak < group / 2  # pyarrow decoded none of them
+        assert pyarrow_peak < group  # footers and page buffers: pyarrow decoded no row group
     held = (DECODERS + READ_AHEAD + 5) * group + 4 * (2 * group)  # and the int64 copies
     assert numpy_peak + pyarrow_peak <= held, (numpy_peak + pyarrow_peak) / group
 
