@@ -120,9 +120,9 @@ class ParquetSource(SingleSource):
     def blocks(self) -> Iterator[Block]:
         """One block per row group, decoded columnar: the list column's offsets and
         values as NumPy (parquet_pages, or pyarrow zero-copy where it allows, nulls
-        from the validity bitmaps), no Python object per document. ``DECODERS`` row groups are decoded at
-        once on background threads (pyarrow and NumPy release the GIL), in order, at
-        most ``READ_AHEAD`` decoded ones waiting for the cut: memory holds
+        from the validity bitmaps), no Python object per document. ``DECODERS`` row
+        groups are decoded at once on background threads (both release the GIL), in
+        order, at most ``READ_AHEAD`` decoded ones waiting for the cut: memory holds
         ``DECODERS + READ_AHEAD + 2`` row groups at most (one handed over, one cut)."""
         return read_ahead(self._decoded(), READ_AHEAD)
 

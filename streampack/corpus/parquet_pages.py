@@ -96,7 +96,7 @@ def read_row_group(
     rows = handle.metadata.row_group(group).num_rows
     try:
         return _decode(pa, data[start:end], _CODECS[codec], plan, rows, chunk.num_values)
-    except (_Unsupported, IndexError, ValueError, pa.ArrowException):
+    except (_Unsupported, IndexError, ValueError, OSError, pa.ArrowException):
         return None
 
 

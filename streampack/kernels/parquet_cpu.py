@@ -52,9 +52,12 @@ def _run_value(data, pos, end, width):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def dictionary_values(data, pos, end, width, count, dictionary, out, at_out):  # pragma: no cover
-    """``out[at_out:at_out + count] = dictionary[index]`` for the next ``count`` indices of the
-    hybrid stream at ``data[pos:end]`` (``width`` bits each); ``count`` or -1."""
+    """``out[at_out:at_out + count] = dictionary[index]`` for the next ``count``
+    indices of the hybrid stream at ``data[pos:end]`` (``width`` bits each); ``count``,
+    or -1 (malformed, or an empty dictionary, or indices wider than 32 bits)."""
     size = dictionary.shape[0]
+    if count > 0 and (size == 0 or width > 32):
+        return -1
     done = 0
     while done < count:
         header, pos = _varint(data, pos, end)
@@ -75,11 +78,12 @@ def dictionary_values(data, pos, end, width, count, dictionary, out, at_out):  #
             if stop > end:
                 return -1
             take = min(n, count - done)  # the last group may be padded past count
-            # 4-byte windows wherever they stay inside the stream: all but the last
-            # group of the stream's last run (whose windows would read past its end).
+            # 4-byte windows for the indices whose window ends inside the stream
+            # (index k's starts at byte (k * width) >> 3); bit by bit for the rest.
             fast = 0
-            if width <= 25:
-                fast = take if stop + 3 <= end else min(take, ((header >> 1) - 1) * 8)
+            room = end - pos - 4  # the last byte a window may start at, from pos
+            if 0 < width <= 25 and room >= 0:
+                fast = min(take, ((room + 1) * 8 - 1) // width + 1)
             top = _packed_from_windows(data, pos, width, fast, dictionary, out, at_out + done)
             rest = _packed_bit_by_bit(
                 data, pos, width, fast, take - fast, dictionary, out, at_out + done + fast
@@ -173,7 +177,7 @@ def row_starts(data, pos, end, count, first, starts, rows):  # pragma: no cover 
 def _packed_from_windows(data, pos, width, take, dictionary, out, at):  # pragma: no cover
     """``out[at + k] = dictionary[index k]`` for ``take`` bit-packed indices at
     ``data[pos:]``, each read from the 4-byte window at its first byte (the caller
-    checked the windows stay inside the stream and ``width <= 25``). Returns the
+    checked every window ends inside the stream and ``0 < width <= 25``). Returns the
     largest index; one past the dictionary is looked up as its last entry (the caller
     then refuses the page). All unsigned: Numba checks a signed index for a negative
     value on every access, which made this 3x slower."""
@@ -203,7 +207,7 @@ def _packed_from_windows(data, pos, width, take, dictionary, out, at):  # pragma
 @njit(cache=True, nogil=True)
 def _packed_bit_by_bit(data, pos, width, skip, take, dictionary, out, at):  # pragma: no cover
     """``_packed_from_windows`` bit by bit, for ``take`` indices after the first
-    ``skip``: the last group of a stream, and widths past 25."""
+    ``skip``: the last few of a stream, and widths 0 and past 25."""
     last = dictionary.shape[0] - 1
     top = 0
     for k in range(take):

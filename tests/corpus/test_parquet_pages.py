@@ -225,3 +225,52 @@ def test_random_token_columns_read_as_pyarrow_reads_them(
         compression=compression,
     )
     assert_same(tmp_path / "t.parquet")
+
+
+def test_the_dictionary_kernel_refuses_what_it_cannot_look_up():
+    """An index past the dictionary (in a repeated run and bit-packed), an empty
+    dictionary, an index wider than 32 bits, a stream that ends early: -1, nothing
+    read outside the stream or the dictionary."""
+    from streampack.kernels import parquet_cpu
+
+    out = np.zeros(8, np.int32)
+    dictionary = np.array([10, 11, 12], np.int32)
+    packed = np.array([0x03, 0b10_01_00_10, 0b00_00_00_01], np.uint8)  # 8 x 2 bits
+    args = (0, len(packed), 2, 8)
+    assert parquet_cpu.dictionary_values(packed, *args, dictionary, out, 0) == 8
+    assert out.tolist() == [12, 10, 11, 12, 11, 10, 10, 10]
+    assert parquet_cpu.dictionary_values(packed, *args, dictionary[:2], out, 0) == -1
+    assert parquet_cpu.dictionary_values(packed, *args, dictionary[:0], out, 0) == -1
+    repeated = np.array([8 << 1, 3], np.uint8)  # 8 copies of index 3
+    assert parquet_cpu.dictionary_values(repeated, 0, 2, 2, 8, dictionary, out, 0) == -1
+    assert parquet_cpu.dictionary_values(packed, 0, 2, 2, 8, dictionary, out, 0) == -1
+    assert parquet_cpu.dictionary_values(packed, 0, 3, 33, 8, dictionary, out, 0) == -1
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=6)
+)
+def test_damaged_bytes_give_a_reading_or_none_never_an_error(tmp_path, flips):
+    """Bytes of the column chunk overwritten at random: parquet_pages returns None or
+    arrays of the row group's shape (what a damaged value page decodes to, pyarrow
+    would read too: Parquet keeps no checksum by default), and raises nothing."""
+    path = tmp_path / "t.parquet"
+    if not path.exists():
+        table = pa.table({"input_ids": token_lists([40, 3, 200] * 20, 5000, seed=9)})
+        pq.write_table(table, path, row_group_size=60, data_page_size=1024)
+    handle = pq.ParquetFile(str(path))
+    chunk = handle.metadata.row_group(0).column(0)
+    start = min(chunk.data_page_offset, chunk.dictionary_page_offset or chunk.data_page_offset)
+    data = np.array(parquet_pages.file_bytes(path))  # a copy to damage
+    for at, value in flips:
+        data[start + at % chunk.total_compressed_size] = value
+    plan = parquet_pages.column_plan(pa, handle, "input_ids")
+    assert plan is not None
+    read = parquet_pages.read_row_group(pa, data, handle, plan, 0)
+    if read is not None:
+        offsets, tokens = read
+        assert len(offsets) == 61 and offsets[0] == 0 and offsets[-1] == len(tokens)
+        assert (np.diff(offsets) >= 1).all() and len(tokens) == chunk.num_values
