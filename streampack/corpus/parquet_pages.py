@@ -40,6 +40,9 @@ _PHYSICAL: dict[str, np.dtype] = {"INT32": np.dtype(np.int32), "INT64": np.dtype
 # Parquet's enums (parquet.thrift).
 _PLAIN, _PLAIN_DICTIONARY, _RLE, _RLE_DICTIONARY = 0, 2, 3, 8
 _DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 2, 3
+# Raised for a page not read here, caught by read_row_group (pyarrow then reads the
+# row group); a ValueError, so that it needs no class of its own.
+_NotReadHere = ValueError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,12 +99,8 @@ def read_row_group(
     rows = handle.metadata.row_group(group).num_rows
     try:
         return _decode(pa, data[start:end], _CODECS[codec], plan, rows, chunk.num_values)
-    except (_Unsupported, IndexError, ValueError, OSError, pa.ArrowException):
+    except (IndexError, ValueError, OSError, pa.ArrowException):  # _NotReadHere included
         return None
-
-
-class _Unsupported(Exception):
-    """A page this reader does not decode (pyarrow reads the row group instead)."""
 
 
 def _decode(
@@ -116,25 +115,25 @@ def _decode(
         header, pos = _Thrift(chunk, pos).page_header()
         kind, size, stored = header.get(1), header.get(2), header.get(3)
         if not isinstance(size, int) or not isinstance(stored, int) or size < 0:
-            raise _Unsupported
+            raise _NotReadHere
         body = chunk[pos : pos + stored]
         pos += stored
         if len(body) != stored:
-            raise _Unsupported
+            raise _NotReadHere
         if kind == _DICTIONARY_PAGE:
             described = header.get(7) or {}
             if described.get(2) not in (_PLAIN, _PLAIN_DICTIONARY):
-                raise _Unsupported
+                raise _NotReadHere
             raw = _inflate(pa, body, codec, size)
             count = described.get(1, -1)
             if count < 0 or count * plan.dtype.itemsize > len(raw):
-                raise _Unsupported
+                raise _NotReadHere
             dictionary = np.frombuffer(raw, plan.dtype, count=count)
             continue
         if kind == _DATA_PAGE:
             described = header.get(5) or {}
             if described.get(3, _RLE) != _RLE or described.get(4, _RLE) != _RLE:
-                raise _Unsupported
+                raise _NotReadHere
             page = _inflate(pa, body, codec, size)
             repetition, at = _prefixed(page, 0)
             definition, at = _prefixed(page, at) if plan.max_definition else ((at, at), at)
@@ -142,10 +141,10 @@ def _decode(
         elif kind == _DATA_PAGE_V2:
             described = header.get(8) or {}
             if described.get(2, 0) != 0:  # null rows or tokens: pyarrow's path
-                raise _Unsupported
+                raise _NotReadHere
             definition_bytes, repetition_bytes = described.get(5, -1), described.get(6, -1)
             if definition_bytes < 0 or repetition_bytes < 0:
-                raise _Unsupported
+                raise _NotReadHere
             levels = repetition_bytes + definition_bytes
             repetition = (0, repetition_bytes)
             definition = (repetition_bytes, levels)
@@ -154,38 +153,38 @@ def _decode(
             if described.get(7, True):
                 payload = _inflate(pa, payload, codec, size - levels)
         else:
-            raise _Unsupported
+            raise _NotReadHere
         count = described.get(1, -1)
         if count < 0 or count > values - entries:
-            raise _Unsupported
+            raise _NotReadHere
         if plan.max_definition:
             lo, hi = definition
             equal = parquet_cpu.levels_all_equal(
                 page, lo, hi, level_width, count, plan.max_definition
             )
             if equal != 1:  # a null or an empty list somewhere (or a corrupt page)
-                raise _Unsupported
+                raise _NotReadHere
         lo, hi = repetition
         found = parquet_cpu.row_starts(page, lo, hi, count, entries, starts[:rows], found)
         if found < 0:
-            raise _Unsupported
+            raise _NotReadHere
         encoding = described.get(2 if kind == _DATA_PAGE else 4)
         if encoding in (_PLAIN_DICTIONARY, _RLE_DICTIONARY):
             if dictionary is None or len(payload) < 1:
-                raise _Unsupported
+                raise _NotReadHere
             width = int(payload[0])
             decoded = parquet_cpu.dictionary_values(
                 payload, 1, len(payload), width, count, dictionary, tokens, entries
             )
             if decoded != count:
-                raise _Unsupported
+                raise _NotReadHere
         elif encoding == _PLAIN:
             tokens[entries : entries + count] = np.frombuffer(payload, plan.dtype, count=count)
         else:
-            raise _Unsupported
+            raise _NotReadHere
         entries += count
     if found != rows or (rows and starts[0] != 0):
-        raise _Unsupported
+        raise _NotReadHere
     starts[rows] = entries
     return starts, tokens
 
@@ -202,10 +201,10 @@ def _prefixed(page: np.ndarray, at: int) -> tuple[tuple[int, int], int]:
     """A data page v1's levels: ``((start, end), next)`` of the stream after its
     4-byte little-endian length at ``at``."""
     if at + 4 > len(page):
-        raise _Unsupported
+        raise _NotReadHere
     length = int(page[at : at + 4].view("<u4")[0])
     if at + 4 + length > len(page):
-        raise _Unsupported
+        raise _NotReadHere
     return (at + 4, at + 4 + length), at + 4 + length
 
 
@@ -223,7 +222,7 @@ class _Thrift:
 
     def byte(self) -> int:
         if self.pos >= len(self.data):
-            raise _Unsupported
+            raise _NotReadHere
         value = int(self.data[self.pos])
         self.pos += 1
         return value
@@ -237,7 +236,7 @@ class _Thrift:
                 return value
             shift += 7
             if shift > 63:
-                raise _Unsupported
+                raise _NotReadHere
 
     def integer(self) -> int:
         value = self.varint()
@@ -245,7 +244,7 @@ class _Thrift:
 
     def struct(self, depth: int) -> dict[int, Any]:
         if depth > 8:
-            raise _Unsupported
+            raise _NotReadHere
         fields: dict[int, Any] = {}
         last = 0
         while True:
@@ -285,7 +284,7 @@ class _Thrift:
             return None
         if kind == 12:
             return self.struct(depth + 1)
-        raise _Unsupported
+        raise _NotReadHere
 
     def element(self, kind: int, depth: int) -> None:
         if kind in (1, 2):  # a list's boolean: one byte
@@ -295,7 +294,7 @@ class _Thrift:
 
     def skip(self, size: int) -> None:
         if self.pos + size > len(self.data):
-            raise _Unsupported
+            raise _NotReadHere
         self.pos += size
 
 
