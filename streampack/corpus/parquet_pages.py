@@ -99,8 +99,8 @@ def read_row_group(
     rows = handle.metadata.row_group(group).num_rows
     try:
         return _decode(pa, data[start:end], _CODECS[codec], plan, rows, chunk.num_values)
-    except (IndexError, ValueError, OSError, pa.ArrowException):  # _NotReadHere included
-        return None
+    except (IndexError, ValueError, TypeError, AttributeError, OSError, pa.ArrowException):
+        return None  # _NotReadHere, or a damaged header's field of the wrong kind
 
 
 def _decode(
@@ -146,6 +146,8 @@ def _decode(
             if definition_bytes < 0 or repetition_bytes < 0:
                 raise _NotReadHere
             levels = repetition_bytes + definition_bytes
+            if levels > len(body):
+                raise _NotReadHere
             repetition = (0, repetition_bytes)
             definition = (repetition_bytes, levels)
             page = body

@@ -227,6 +227,23 @@ def test_random_token_columns_read_as_pyarrow_reads_them(
     assert_same(tmp_path / "t.parquet")
 
 
+def test_a_header_field_of_the_wrong_kind_is_left_to_pyarrow(tmp_path):
+    """A well-formed Thrift header whose dictionary-page field is an integer, not a
+    struct: None, not an AttributeError."""
+    table = pa.table({"input_ids": token_lists([30] * 50, 1000, seed=8)})
+    pq.write_table(table, tmp_path / "t.parquet", compression="none")
+    chunk = pq.ParquetFile(str(tmp_path / "t.parquet")).metadata.row_group(0).column(0)
+    start = min(chunk.data_page_offset, chunk.dictionary_page_offset or chunk.data_page_offset)
+    # Compact protocol: field 1 (i32) = 2, a dictionary page; fields 2 and 3 (i32) = 0
+    # bytes; field 7 (i32) = 5 where a DictionaryPageHeader struct belongs; stop.
+    header = bytes([0x15, 0x04, 0x15, 0x00, 0x15, 0x00, 0x45, 0x0A, 0x00])
+    raw = bytearray((tmp_path / "t.parquet").read_bytes())
+    raw[start : start + len(header)] = header
+    (tmp_path / "t.parquet").write_bytes(bytes(raw))
+    [(ours, _)] = read_both(tmp_path / "t.parquet", pyarrow=False)
+    assert ours is None
+
+
 def test_the_dictionary_kernel_refuses_what_it_cannot_look_up():
     """An index past the dictionary (in a repeated run and bit-packed), an empty
     dictionary, an index wider than 32 bits, a stream that ends early: -1, nothing
@@ -248,19 +265,22 @@ def test_the_dictionary_kernel_refuses_what_it_cannot_look_up():
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=6)
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=6),
+    version=st.sampled_from(["1.0", "2.0"]),
 )
-def test_damaged_bytes_give_a_reading_or_none_never_an_error(tmp_path, flips):
+def test_damaged_bytes_give_a_reading_or_none_never_an_error(tmp_path, flips, version):
     """Bytes of the column chunk overwritten at random: parquet_pages returns None or
     arrays of the row group's shape (what a damaged value page decodes to, pyarrow
     would read too: Parquet keeps no checksum by default), and raises nothing."""
-    path = tmp_path / "t.parquet"
+    path = tmp_path / f"t-{version}.parquet"  # headers, levels and values, damaged alike
     if not path.exists():
         table = pa.table({"input_ids": token_lists([40, 3, 200] * 20, 5000, seed=9)})
-        pq.write_table(table, path, row_group_size=60, data_page_size=1024)
+        pq.write_table(
+            table, path, row_group_size=60, data_page_size=1024, data_page_version=version
+        )
     handle = pq.ParquetFile(str(path))
     chunk = handle.metadata.row_group(0).column(0)
     start = min(chunk.data_page_offset, chunk.dictionary_page_offset or chunk.data_page_offset)
