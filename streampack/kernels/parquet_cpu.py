@@ -51,6 +51,29 @@ def _run_value(data, pos, end, width):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def _run(data, pos, end, width, left):  # pragma: no cover - compiled
+    """The run of the hybrid stream at ``pos``, of which ``left`` values are still
+    wanted: ``(repeated, n, value, start, next)``. Repeated: ``n`` copies of
+    ``value``; else ``n`` values bit-packed from ``start`` (a last group's padding
+    past ``left`` not counted). ``next``: where the next run starts; ``n`` is -1 where
+    the stream is malformed."""
+    header, pos = _varint(data, pos, end)
+    if header < 0:
+        return False, -1, 0, pos, end
+    if header & 1 == 0:
+        n = header >> 1
+        value, after = _run_value(data, pos, end, width)
+        if value < 0 or n > left:
+            return True, -1, 0, pos, end
+        return True, n, value, pos, after
+    groups = header >> 1
+    after = pos + groups * width
+    if after > end:
+        return False, -1, 0, pos, end
+    return False, min(groups * 8, left), 0, pos, after
+
+
+@njit(cache=True, nogil=True)
 def dictionary_values(data, pos, end, width, count, dictionary, out, at_out):  # pragma: no cover
     """``out[at_out:at_out + count] = dictionary[index]`` for the next ``count``
     indices of the hybrid stream at ``data[pos:end]`` (``width`` bits each); ``count``,
@@ -60,38 +83,30 @@ def dictionary_values(data, pos, end, width, count, dictionary, out, at_out):  #
         return -1
     done = 0
     while done < count:
-        header, pos = _varint(data, pos, end)
-        if header < 0:
+        repeated, n, index, start, pos = _run(data, pos, end, width, count - done)
+        if n < 0:
             return -1
-        if header & 1 == 0:  # a repeated run
-            n = header >> 1
-            index, pos = _run_value(data, pos, end, width)
-            if index < 0 or index >= size or n > count - done:
+        at = at_out + done
+        if repeated:
+            if index >= size:
                 return -1
             value = dictionary[index]
             for k in range(n):
-                out[at_out + done + k] = value
-            done += n
-        else:  # groups of 8 bit-packed indices
-            n = (header >> 1) * 8
-            stop = pos + (header >> 1) * width
-            if stop > end:
-                return -1
-            take = min(n, count - done)  # the last group may be padded past count
+                out[at + k] = value
+        else:
             # 4-byte windows for the indices whose window ends inside the stream
             # (index k's starts at byte (k * width) >> 3); bit by bit for the rest.
             fast = 0
-            room = end - pos - 4  # the last byte a window may start at, from pos
+            room = end - start - 4  # the last byte a window may start at, from start
             if 0 < width <= 25 and room >= 0:
-                fast = min(take, ((room + 1) * 8 - 1) // width + 1)
-            top = _packed_from_windows(data, pos, width, fast, dictionary, out, at_out + done)
+                fast = min(n, ((room + 1) * 8 - 1) // width + 1)
+            top = _packed_from_windows(data, start, width, fast, dictionary, out, at)
             rest = _packed_bit_by_bit(
-                data, pos, width, fast, take - fast, dictionary, out, at_out + done + fast
+                data, start, width, fast, n - fast, dictionary, out, at + fast
             )
             if max(top, rest) >= size:
                 return -1
-            pos = stop
-            done += take  # a padded last group's rest is never read
+        done += n
     return count
 
 
@@ -102,34 +117,25 @@ def levels_all_equal(data, pos, end, width, count, level):  # pragma: no cover -
     mask = (1 << width) - 1
     done = 0
     while done < count:
-        header, pos = _varint(data, pos, end)
-        if header < 0:
+        repeated, n, value, start, pos = _run(data, pos, end, width, count - done)
+        if n < 0:
             return -1
-        if header & 1 == 0:
-            n = header >> 1
-            value, pos = _run_value(data, pos, end, width)
-            if value < 0 or n > count - done:
-                return -1
+        if repeated:
             if value != level and n > 0:
                 return 0
-            done += n
         else:
-            groups = header >> 1
-            if pos + groups * width > end:
-                return -1
-            take = min(groups * 8, count - done)
-            held = 0
+            held = 0  # bits not yet used, lowest first
             bits = 0
-            for _ in range(take):
+            for _ in range(n):
                 while bits < width:
-                    held |= data[pos] << bits
-                    pos += 1
+                    held |= data[start] << bits
+                    start += 1
                     bits += 8
                 if held & mask != level:
                     return 0
                 held >>= width
                 bits -= width
-            done += take  # a padded last group's rest is never read
+        done += n
     return 1
 
 
@@ -142,34 +148,24 @@ def row_starts(data, pos, end, count, first, starts, rows):  # pragma: no cover 
     room = starts.shape[0]
     done = 0
     while done < count:
-        header, pos = _varint(data, pos, end)
-        if header < 0:
+        repeated, n, value, start, pos = _run(data, pos, end, 1, count - done)
+        if n < 0 or value > 1:
             return -1
-        if header & 1 == 0:
-            n = header >> 1
-            value, pos = _run_value(data, pos, end, 1)
-            if value < 0 or value > 1 or n > count - done:
-                return -1
+        if repeated:
             if value == 0:
                 if rows + n > room:
                     return -1
                 for k in range(n):
                     starts[rows + k] = first + done + k
                 rows += n
-            done += n
         else:
-            groups = header >> 1
-            if pos + groups > end:
-                return -1
-            take = min(groups * 8, count - done)
-            for k in range(take):
-                if (data[pos + (k >> 3)] >> (k & 7)) & 1 == 0:
+            for k in range(n):
+                if (data[start + (k >> 3)] >> (k & 7)) & 1 == 0:
                     if rows >= room:
                         return -1
                     starts[rows] = first + done + k
                     rows += 1
-            pos += groups
-            done += take
+        done += n
     return rows
 
 
