@@ -77,8 +77,8 @@ class ParquetSource(SingleSource):
         self.spec = None
         self._groups: list[tuple[int, int]] = []  # (file, row group) in reading order
         self._group_rows: list[int] = []
-        # Per file: how parquet_pages reads its token column (None: pyarrow reads it).
-        self._plans: list[parquet_pages.ColumnPlan | None] = []
+        # Per file: how parquet_pages reads each column read (None: pyarrow reads them).
+        self._plans: list[list[parquet_pages.ColumnPlan] | None] = []
         first: list[int] = []  # the source id of each one's first row
         for number, path in enumerate(self.paths):
             opened = _open(pq, pa, path)
@@ -93,8 +93,9 @@ class ParquetSource(SingleSource):
                     f'columns are {schema.names} (set "column" in the manifest)'
                 )
             token_list_type(pa, schema.field(column).type, column, f"Parquet file {str(path)!r}")
-            unmasked = self.spec is None  # a mask column: pyarrow reads both columns
-            self._plans.append(parquet_pages.column_plan(pa, opened, column) if unmasked else None)
+            columns = [column] + ([] if self.spec is None else [self.spec.name])
+            plans = [parquet_pages.column_plan(pa, opened, name) for name in columns]
+            self._plans.append(None if None in plans else plans)  # type: ignore[arg-type]
             metadata = opened.metadata
             for group in range(metadata.num_row_groups):
                 self._groups.append((number, group))
@@ -151,29 +152,28 @@ class ParquetSource(SingleSource):
 
         columns = [self.column] + ([] if self.spec is None else [self.spec.name])
 
-        plan = self._plans[self.paths.index(path)]
+        plans = self._plans[self.paths.index(path)]
 
         def decode() -> Block:
             if getattr(handles, "path", None) != path:  # this thread's handle of the file
                 handles.path, handles.file = path, _open(pq, pa, path)
-                handles.data = parquet_pages.file_bytes(path) if plan is not None else None
-            if plan is not None:
-                read = parquet_pages.read_row_group(pa, handles.data, handles.file, plan, group)
-                if read is not None:
-                    offsets, tokens = read
-                    return _block_of(tokens, np.diff(offsets), first, {})
-            try:
-                # One column or two: pyarrow's own threads cost more than they give.
-                table = handles.file.read_row_group(group, columns=columns, use_threads=False)
-                lists, *mask_lists = (
-                    chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
-                    for chunked in table.columns
-                )
-            except (pa.ArrowException, OSError) as exc:
-                raise InvalidConfig(
-                    f"Parquet file {str(path)!r}: row group {group} cannot "
-                    f"be read (corrupt or truncated): {exc}"
-                ) from None
+                handles.data = parquet_pages.file_bytes(path) if plans is not None else None
+            read = None
+            if plans is not None:
+                read = parquet_pages.read_lists(pa, handles.data, handles.file, plans, group)
+            if read is None:  # pyarrow's path: one column or two, on this thread (its own
+                try:  # threads cost more than they give)
+                    table = handles.file.read_row_group(group, columns=columns, use_threads=False)
+                    read = [
+                        chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
+                        for chunked in table.columns
+                    ]
+                except (pa.ArrowException, OSError) as exc:
+                    raise InvalidConfig(
+                        f"Parquet file {str(path)!r}: row group {group} cannot "
+                        f"be read (corrupt or truncated): {exc}"
+                    ) from None
+            lists, *mask_lists = read
             return self._block(lists, mask_lists[0] if mask_lists else None, first)
 
         return decode
@@ -217,7 +217,18 @@ class ParquetSource(SingleSource):
                 bad |= flags
             tokens = tokens[np.repeat(~bad, raw_lengths)]
             lengths = np.where(bad, 0, raw_lengths)
-        return _block_of(tokens, lengths, first, problems, mask, mask_lengths)
+        ids = np.arange(first, first + n, dtype=np.int64)
+        return Block(
+            tokens=tokens,
+            lengths=lengths,
+            starts=np.zeros(n, np.int64),
+            stops=lengths.copy(),
+            source_ids=ids,
+            example_ids=ids,
+            problems=problems,
+            mask=mask,
+            mask_lengths=mask_lengths,
+        )
 
     def _masks(
         self, lists: Any, tokens: np.ndarray, lengths: np.ndarray
@@ -244,27 +255,3 @@ class ParquetSource(SingleSource):
             for row, reason, detail in mismatched:
                 problems.setdefault(row, (reason, detail))
         return stored, problems, offsets
-
-
-def _block_of(
-    tokens: np.ndarray,
-    lengths: np.ndarray,
-    first: int,
-    problems: dict[int, tuple[str, str]],
-    mask: np.ndarray | None = None,
-    mask_lengths: np.ndarray | None = None,
-) -> Block:
-    """A row group's block: its documents whole, source ids from ``first``."""
-    n = len(lengths)
-    ids = np.arange(first, first + n, dtype=np.int64)
-    return Block(
-        tokens=tokens,
-        lengths=lengths,
-        starts=np.zeros(n, np.int64),
-        stops=lengths.copy(),
-        source_ids=ids,
-        example_ids=ids,
-        problems=problems,
-        mask=mask,
-        mask_lengths=mask_lengths,
-    )

@@ -10,12 +10,13 @@ token, no empty list), and the values are copied (PLAIN) or looked up in the
 dictionary (``RLE_DICTIONARY``) by the compiled kernels of
 ``streampack.kernels.parquet_cpu``; pages are decompressed by pyarrow's codecs.
 
-It reads a column of ``list<int32>`` or ``list<int64>`` (``large_list`` too) stored as
-Parquet's standard three-level list, with data pages v1 or v2, PLAIN or dictionary
-values, RLE levels and the codecs in ``_CODECS``: what pyarrow, ``datasets`` and
-Polars write. Anything else, and any row group whose levels say a row or token is
-null or a list empty, gives None: the reader then reads that row group with pyarrow
-as before, which also names whatever is wrong with a corrupt one. Every row group
+It reads a list column of any integer type (``large_list`` too; a supervision mask's
+``int8`` as well as tokens) stored as Parquet's standard three-level list, with data
+pages v1 or v2, PLAIN or dictionary values, RLE levels and the codecs in ``_CODECS``:
+what pyarrow (and so ``datasets``) writes by default and with its usual options.
+Anything else, and any row group whose levels say a row or token is null or a list
+empty, gives None: the reader then reads that row group with pyarrow as before, which
+also names whatever is wrong with a corrupt one. Every row group
 read here equals pyarrow's reading of it (``tests/corpus/test_parquet_pages.py``).
 """
 
@@ -50,7 +51,8 @@ class ColumnPlan:
     """How one file's token column is laid out: what decoding it needs."""
 
     leaf: int  # the column's index among the file's leaf columns
-    dtype: np.dtype
+    dtype: np.dtype  # as stored: int32 or int64
+    values: np.dtype  # as pyarrow reads them: the Arrow type's integer (cast from dtype)
     max_definition: int
 
 
@@ -60,8 +62,9 @@ def column_plan(pa: Any, handle: Any, column: str) -> ColumnPlan | None:
     kind = handle.schema_arrow.field(column).type
     if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
         return None
-    if kind.value_type not in (pa.int32(), pa.int64()):
+    if not pa.types.is_integer(kind.value_type):
         return None
+    values = np.dtype(kind.value_type.to_pandas_dtype())
     schema = handle.schema
     for leaf in range(len(schema)):
         described = schema.column(leaf)
@@ -73,12 +76,27 @@ def column_plan(pa: Any, handle: Any, column: str) -> ColumnPlan | None:
             len(parts) != 3
             or described.max_repetition_level != 1
             or dtype is None
-            or dtype != kind.value_type.to_pandas_dtype()
+            or dtype.itemsize < values.itemsize  # (Parquet stores 8 to 32 bits as INT32)
             or described.logical_type.type not in ("NONE", "INT")
         ):
             return None
-        return ColumnPlan(leaf, dtype, described.max_definition_level)
+        return ColumnPlan(leaf, dtype, values, described.max_definition_level)
     return None
+
+
+def read_lists(
+    pa: Any, data: np.ndarray, handle: Any, plans: list[ColumnPlan], group: int
+) -> list[Any] | None:
+    """Row group ``group``'s columns of ``plans`` as pyarrow ``LargeListArray`` views
+    of what ``read_row_group`` decodes, or None where any of them is not read here."""
+    lists = []
+    for plan in plans:
+        read = read_row_group(pa, data, handle, plan, group)
+        if read is None:
+            return None
+        offsets, values = read
+        lists.append(pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values)))
+    return lists
 
 
 def read_row_group(
@@ -188,7 +206,8 @@ def _decode(
     if found != rows or (rows and starts[0] != 0):
         raise _NotReadHere
     starts[rows] = entries
-    return starts, tokens
+    # pyarrow's narrowing and signedness casts are C++ static casts, as NumPy's are.
+    return starts, tokens.astype(plan.values, copy=False)
 
 
 def _inflate(pa: Any, body: np.ndarray, codec: str | None, size: int) -> np.ndarray:

@@ -156,11 +156,22 @@ def test_a_row_group_with_a_null_or_an_empty_list_is_left_to_pyarrow(tmp_path, l
 
 @pytest.mark.parametrize(
     "kind",
-    [pa.list_(pa.int16()), pa.list_(pa.uint32()), pa.list_(pa.int8()), pa.list_(pa.uint64())],
+    [pa.int8(), pa.int16(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()],
     ids=str,
 )
-def test_other_value_types_are_left_to_pyarrow(tmp_path, kind):
-    table = pa.table({"input_ids": pa.array([[1, 2, 3], [4]], kind)})
+def test_every_integer_type_reads_as_pyarrow_reads_it(tmp_path, kind):
+    """Narrow types are stored as INT32 and cast back; unsigned ones up to their top
+    value (the bit patterns of uint32 and uint64 past the signed range included)."""
+    top = np.iinfo(kind.to_pandas_dtype()).max
+    rng = np.random.default_rng(11)
+    values = [rng.integers(0, top, 40, dtype=kind.to_pandas_dtype(), endpoint=True).tolist()]
+    lists = pa.array(values * 30 + [[0, top]], pa.list_(kind))
+    pq.write_table(pa.table({"input_ids": lists}), tmp_path / "t.parquet", row_group_size=8)
+    assert_same(tmp_path / "t.parquet")
+
+
+def test_a_list_of_other_values_is_left_to_pyarrow(tmp_path):
+    table = pa.table({"input_ids": pa.array([[True, False], [True]], pa.list_(pa.bool_()))})
     pq.write_table(table, tmp_path / "t.parquet")
     handle = pq.ParquetFile(str(tmp_path / "t.parquet"))
     assert parquet_pages.column_plan(pa, handle, "input_ids") is None
