@@ -7,11 +7,12 @@ reader (a shuffled epoch goes through the seeded shuffle buffer, like JSON Lines
 memory holds a few row groups (those decoded ahead of the cut, ``ParquetSource.blocks``)
 plus the buffer.
 
-A row group's token column is read by :mod:`streampack.corpus.parquet_pages` (its
-pages decoded straight into offsets and tokens by compiled kernels, 2-4x pyarrow's
-reading) wherever it has the plain shape tokenized data is written in; a row group
-with a null or an empty list, a masked corpus, and any codec, encoding or type that
-module does not read go through pyarrow, as before. Both give the same blocks.
+A row group's token column (and mask or labels column) is read by
+:mod:`streampack.corpus.parquet_pages` (pages decoded straight into offsets and values
+by compiled kernels, 2-4x pyarrow's reading) wherever it has the plain shape tokenized
+data is written in; a row group with a null or an empty list, and any codec, encoding
+or type that module does not read, go through pyarrow as before. Both give the same
+blocks.
 
 Supervision: ``"mask"`` / ``"labels"`` name a list column as for Arrow
 (:mod:`streampack.corpus.arrow`, :mod:`streampack.corpus.masks`), read with the tokens
@@ -23,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,6 @@ READ_AHEAD = 1  # decoded row groups queued for the cut, ahead of the one being 
 #: left to pyarrow do worse there: two at once were 0.8-0.9x one with the cut on the
 #: same two cores (pyarrow alone: 1.25x), a price paid for files with nulls only.
 DECODERS = 2 if usable_cores() >= 2 else 1
-_T = TypeVar("_T")
 
 
 def _open(pq: Any, pa: Any, path: Path) -> Any:
