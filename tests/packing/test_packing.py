@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from _packing_cases import BINDING, PACKERS, A, B, C, compiled_pack
+from _packing_cases import BINDING, PACKERS, A, B, C, compiled_pack, random_packing_case
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -207,38 +207,9 @@ def test_segment_ids_are_global_occurrence_ordinals_across_batches_c3():
 # -- properties over random inputs ----------------------------------------------------
 
 
-@st.composite
-def packing_inputs(draw):
-    vocab = draw(st.integers(2, 50))
-    documents = draw(
-        st.lists(
-            st.lists(st.integers(0, vocab - 1), min_size=2, max_size=12), min_size=1, max_size=8
-        )
-    )
-    capacity = draw(st.integers(11, 16))
-    count = draw(st.integers(0, 20))
-    doc = draw(st.lists(st.integers(0, len(documents) - 1), min_size=count, max_size=count))
-    ranges = []
-    for d in doc:
-        n = len(documents[d])
-        start = draw(st.integers(0, n - 2))
-        ranges.append((start, draw(st.integers(start + 2, n))))
-    offsets = np.concatenate([[0], np.cumsum([len(x) for x in documents])])
-    examples = sp.Examples(
-        tokens=np.concatenate(documents),
-        offsets=offsets,
-        doc=doc,
-        start=[r[0] for r in ranges],
-        stop=[r[1] for r in ranges],
-        source_id=draw(st.lists(st.integers(0, 99), min_size=count, max_size=count)),
-    )
-    config = sp.PackConfig(capacity=capacity, max_rows_per_batch=draw(st.integers(1, 4)))
-    return examples, sp.Binding(vocab, "t", "s", "train"), config
-
-
 @policies
 @settings(max_examples=150, deadline=None)
-@given(packing_inputs(), st.integers(1, 4))
+@given(random_packing_case(), st.integers(1, 4))
 def test_compiled_packer_equals_reference_and_keeps_every_pair(policy, case, open_rows):
     examples, binding, config = case
     config = with_policy(config, policy, open_rows if policy == "best_fit" else None)
@@ -277,7 +248,7 @@ def test_compiled_packer_equals_reference_and_keeps_every_pair(policy, case, ope
 
 @policies
 @settings(max_examples=60, deadline=None)
-@given(packing_inputs())
+@given(random_packing_case())
 def test_allowed_key_key_range_and_permission_agree_everywhere_c6(policy, case):
     examples, binding, config = case
     for batch in compiled_pack(examples, binding, with_policy(config, policy)):
@@ -316,7 +287,7 @@ def test_occurrence_count_must_fit_int32_segment_ids_c3(monkeypatch):
 
 @policies
 @settings(max_examples=100, deadline=None)
-@given(packing_inputs())
+@given(random_packing_case())
 def test_compact_batches_expand_to_exactly_the_packed_batches(policy, case):
     examples, binding, config = case
     config = with_policy(config, policy)
@@ -333,7 +304,7 @@ def test_compact_batches_expand_to_exactly_the_packed_batches(policy, case):
 
 @policies
 @settings(max_examples=100, deadline=None)
-@given(packing_inputs())
+@given(random_packing_case())
 def test_plans_from_ranges_alone_are_the_plans_of_pack_compact(policy, case):
     """A pack worker plans a window without its tokens (they stay with the producer):
     the ranges alone give the same records and batch sizes, under either policy, the
@@ -545,7 +516,7 @@ def test_best_fit_batches_cut_rows_in_opening_order_c2(pack):
 
 
 @settings(max_examples=80, deadline=None)
-@given(packing_inputs())
+@given(random_packing_case())
 def test_best_fit_with_one_open_row_is_next_fit_c2(case):
     examples, binding, config = case
     want = compiled_pack(examples, binding, config)

@@ -20,6 +20,7 @@ from _packing_cases import (
     B,
     C,
     compiled_pack,
+    random_packing_case,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -96,36 +97,6 @@ def test_unmasked_batches_keep_their_pinned_digests():
 # -- properties over random masked inputs ---------------------------------------------
 
 
-@st.composite
-def masked_inputs(draw):
-    vocab = draw(st.integers(2, 50))
-    documents = draw(
-        st.lists(
-            st.lists(st.integers(0, vocab - 1), min_size=2, max_size=12), min_size=1, max_size=8
-        )
-    )
-    masks = [draw(st.lists(st.integers(0, 1), min_size=len(d), max_size=len(d))) for d in documents]
-    count = draw(st.integers(0, 20))
-    doc = draw(st.lists(st.integers(0, len(documents) - 1), min_size=count, max_size=count))
-    ranges = []
-    for d in doc:
-        n = len(documents[d])
-        start = draw(st.integers(0, n - 2))
-        ranges.append((start, draw(st.integers(start + 2, n))))
-    examples = sp.Examples(
-        tokens=np.concatenate(documents),
-        offsets=np.concatenate([[0], np.cumsum([len(x) for x in documents])]),
-        doc=doc,
-        start=[r[0] for r in ranges],
-        stop=[r[1] for r in ranges],
-        mask=np.concatenate(masks).astype(draw(st.sampled_from([np.uint8, np.bool_]))),
-    )
-    config = sp.PackConfig(
-        capacity=draw(st.integers(11, 16)), max_rows_per_batch=draw(st.integers(1, 4))
-    )
-    return examples, sp.Binding(vocab, "t", "s", "train"), config
-
-
 def eligible_by_rule(examples: sp.Examples, batch: sp.PackedBatch) -> np.ndarray:
     """C5 written out: the cell of pair j of an occurrence is eligible when the mask
     marks the token that pair predicts, t[start + j + 1] of its document."""
@@ -140,7 +111,7 @@ def eligible_by_rule(examples: sp.Examples, batch: sp.PackedBatch) -> np.ndarray
 
 @policies
 @settings(max_examples=150, deadline=None)
-@given(masked_inputs(), st.integers(1, 4))
+@given(random_packing_case(with_mask=True), st.integers(1, 4))
 def test_eligible_cells_are_the_valid_targets_whose_token_is_marked(policy, case, open_rows):
     examples, binding, config = case
     config = dataclasses.replace(
