@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import select
 import subprocess
 import sys
@@ -36,6 +37,7 @@ import numpy as np
 
 FAILURES = {"differs", "tokens_where_pyarrow_refuses", "foreign_exception", "bad_message"}
 CASE_SECONDS = 20.0  # one small file read twice; far more is a hang
+MEMORY = 3 << 30  # the reading process's address space, bytes
 
 
 # --- the files ------------------------------------------------------------------
@@ -440,6 +442,12 @@ def main() -> None:
 # --- the parent's side ----------------------------------------------------------
 
 
+def _bounded_memory() -> None:
+    """The child's address space bounded (``MEMORY``): a reader sizing an allocation by
+    a crafted number fails there, not by taking a shared machine's memory."""
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
 class Child:
     """The reading process: started on first use and again after a crash or a hang."""
 
@@ -457,6 +465,7 @@ class Child:
                 stderr=subprocess.DEVNULL,
                 text=True,
                 env={**os.environ, "PYTHONFAULTHANDLER": ""},
+                preexec_fn=_bounded_memory,
             )
         process = self.process
         assert process.stdin is not None and process.stdout is not None

@@ -97,6 +97,13 @@ class ParquetSource(SingleSource):
             columns = [column] + ([] if self.spec is None else [self.spec.name])
             data = parquet_pages.file_bytes(path)
             plans = [parquet_pages.column_plan(pa, opened, name, data) for name in columns]
+            leaf = [opened.schema.column(k).path.split(".")[0] for k in range(len(opened.schema))]
+            for group, rows, values in parquet_pages.rows_past_values(data, leaf.index(column)):
+                raise InvalidConfig(
+                    f"Parquet file {str(path)!r}: row group {group} says it holds {rows} "
+                    f"rows, but its column {column!r} holds {values} values and a list "
+                    "holds one per row at least (a corrupt footer)"
+                )
             del data  # (each decoding thread maps the file itself)
             self._plans.append(None if None in plans else plans)  # type: ignore[arg-type]
             metadata = opened.metadata

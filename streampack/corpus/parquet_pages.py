@@ -15,9 +15,20 @@ It reads a list column of any integer type (``large_list`` too; a supervision ma
 pages v1 or v2, PLAIN or dictionary values, RLE levels and the codecs in ``_CODECS``:
 what pyarrow (and so ``datasets``) writes by default and with its usual options.
 Anything else, and any row group whose levels say a row or token is null or a list
-empty, gives None: the reader then reads that row group with pyarrow as before, which
-also names whatever is wrong with a corrupt one. Every row group
-read here equals pyarrow's reading of it (``tests/corpus/test_parquet_pages.py``).
+empty, gives the reason it is not read here (one line naming the column and the page):
+the reader then reads that row group with pyarrow as before, and where pyarrow refuses
+it too, its error carries both. Every row group read here equals pyarrow's reading of
+it (``tests/corpus/test_parquet_pages.py``).
+
+Nothing here trusts the file. Where each chunk is comes from the footer's Thrift, read
+here (pyarrow's metadata accessors abort the process on some damaged footers); a
+chunk's page headers are all read and checked before anything is allocated or
+decompressed (counts adding up to the footer's, sizes bounded by them, one dictionary
+page, first, no larger than the chunk's values); every Thrift field read must have its
+type; a decompressed page must prove its length; the kernels check every read against
+their buffers and return error codes. Wherever the answer cannot be proved, the row
+group goes to pyarrow: never tokens pyarrow would not read (the fuzz tier,
+``tests/corpus/test_parquet_fuzz.py``, reads crafted files in a child process).
 """
 
 from __future__ import annotations
@@ -129,18 +140,8 @@ def _chunk_places(
     """Leaf ``leaf``'s chunk in each row group, read from the footer (``kind``: the
     schema's physical type); a row group's entry is why not where it cannot be read
     here."""
-    if len(data) < 12 or bytes(data[-4:]) != b"PAR1":  # (an encrypted footer: PARE)
-        return ()
-    length = int(data[-8:-4].view("<u4")[0])
-    if length + 8 > len(data):
-        return ()
-    try:
-        footer = _Thrift(data[len(data) - 8 - length : len(data) - 8], 0).struct(0)
-        row_groups = _field(footer, 4, _LIST)
-    except _NotReadHere:
-        return ()
     places: list[ChunkPlace | str] = []
-    for group in row_groups:
+    for group in _row_groups(data):
         try:
             chunk = _field(group, 1, _LIST)[leaf]
             metadata = _field(chunk, 3, _STRUCT)
@@ -163,6 +164,37 @@ def _chunk_places(
         except (_NotReadHere, IndexError, TypeError) as exc:
             places.append(f"footer: {exc}")
     return tuple(places)
+
+
+def _row_groups(data: np.ndarray) -> list[dict[int, tuple[int, Any]]]:
+    """The footer's row groups as read here (none where it cannot be read here)."""
+    if len(data) < 12 or bytes(data[-4:]) != b"PAR1":  # (an encrypted footer: PARE)
+        return []
+    length = int(data[-8:-4].view("<u4")[0])
+    if length + 8 > len(data):
+        return []
+    try:
+        footer = _Thrift(data[len(data) - 8 - length : len(data) - 8], 0).struct(0)
+        return list(_field(footer, 4, _LIST))
+    except (_NotReadHere, TypeError):
+        return []
+
+
+def rows_past_values(data: np.ndarray, leaf: int) -> list[tuple[int, int, int]]:
+    """``(row group, rows, values)`` of every row group whose footer says more rows than
+    leaf ``leaf``, a list column's, holds values. A list holds one value (level) per
+    row at least, so that footer is wrong; pyarrow would size its reading by the rows,
+    and a crafted number exhausts the machine's memory."""
+    found = []
+    for number, group in enumerate(_row_groups(data)):
+        try:
+            rows = _field(group, 3, _I64)
+            values = _field(_field(_field(group, 1, _LIST)[leaf], 3, _STRUCT), 5, _I64)
+        except (_NotReadHere, IndexError, TypeError):
+            continue
+        if rows > values:
+            found.append((number, rows, values))
+    return found
 
 
 def read_lists(pa: Any, data: np.ndarray, plans: list[ColumnPlan], group: int) -> list[Any] | str:
