@@ -66,3 +66,10 @@ test-docker: $(BIN)/streampack
 chaos: $(TEST_EXTRAS)
 	CHAOS_SEEDS="$(CHAOS_SEEDS)" CHAOS_SEED="$(CHAOS_SEED)" CHAOS_FAULTS="$(CHAOS_FAULTS)" \
 		$(BIN)/python -m pytest -q -p no:cacheprovider tests/chaos
+
+# The Parquet fuzz tier (tests/corpus/test_parquet_fuzz.py; `make test` runs its seeded
+# default): PARQUET_FUZZ_EXAMPLES=N cases, PARQUET_FUZZ_SEED=S for other ones.
+.PHONY: parquet-fuzz
+parquet-fuzz: $(TEST_EXTRAS)
+	PARQUET_FUZZ_EXAMPLES="$(PARQUET_FUZZ_EXAMPLES)" PARQUET_FUZZ_SEED="$(PARQUET_FUZZ_SEED)" \
+		$(BIN)/python -m pytest -q -s -p no:cacheprovider tests/corpus/test_parquet_fuzz.py

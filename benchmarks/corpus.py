@@ -146,13 +146,14 @@ def decode_parquet(path: Path, threads: int, ours: bool = False) -> float:
 
     handles = [pq.ParquetFile(str(path), memory_map=True) for _ in range(threads)]
     groups = handles[0].num_row_groups
-    plan = parquet_pages.column_plan(pa, handles[0], "input_ids")
     data = parquet_pages.file_bytes(path)
+    plan = parquet_pages.column_plan(pa, handles[0], "input_ids", data)
 
     def decode(k: int) -> None:
         for group in range(k, groups, threads):
             if ours:
-                assert parquet_pages.read_row_group(pa, data, handles[k], plan, group) is not None
+                read = parquet_pages.read_row_group(pa, data, plan, group)
+                assert not isinstance(read, str), read
             else:
                 handles[k].read_row_group(group, columns=["input_ids"], use_threads=False)
 

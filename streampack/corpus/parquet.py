@@ -51,7 +51,8 @@ def _open(pq: Any, pa: Any, path: Path) -> Any:
         return pq.ParquetFile(str(path), memory_map=True)
     except (pa.ArrowException, OSError) as exc:
         raise InvalidConfig(
-            f"Parquet file {str(path)!r} is corrupt or truncated, or not a Parquet file: {exc}"
+            f"Parquet file {str(path)!r} is corrupt or truncated, or not a Parquet file: "
+            + " ".join(str(exc).split())
         ) from None
 
 
@@ -94,7 +95,16 @@ class ParquetSource(SingleSource):
                 )
             token_list_type(pa, schema.field(column).type, column, f"Parquet file {str(path)!r}")
             columns = [column] + ([] if self.spec is None else [self.spec.name])
-            plans = [parquet_pages.column_plan(pa, opened, name) for name in columns]
+            data = parquet_pages.file_bytes(path)
+            plans = [parquet_pages.column_plan(pa, opened, name, data) for name in columns]
+            leaf = [opened.schema.column(k).path.split(".")[0] for k in range(len(opened.schema))]
+            for group, rows, values in parquet_pages.rows_past_values(data, leaf.index(column)):
+                raise InvalidConfig(
+                    f"Parquet file {str(path)!r}: row group {group} says it holds {rows} "
+                    f"rows, but its column {column!r} holds {values} values and a list "
+                    "holds one per row at least (a corrupt footer)"
+                )
+            del data  # (each decoding thread maps the file itself)
             self._plans.append(None if None in plans else plans)  # type: ignore[arg-type]
             metadata = opened.metadata
             for group in range(metadata.num_row_groups):
@@ -158,20 +168,24 @@ class ParquetSource(SingleSource):
             if getattr(handles, "path", None) != path:  # this thread's handle of the file
                 handles.path, handles.file = path, _open(pq, pa, path)
                 handles.data = parquet_pages.file_bytes(path) if plans is not None else None
-            read = None
+            read: list[Any] | str = "read by pyarrow"
             if plans is not None:
-                read = parquet_pages.read_lists(pa, handles.data, handles.file, plans, group)
-            if read is None:  # pyarrow's path: one column or two, on this thread (its own
-                try:  # threads cost more than they give)
+                read = parquet_pages.read_lists(pa, handles.data, plans, group)
+            if isinstance(read, str):  # pyarrow's path: one column or two, on this thread
+                try:  # (its own threads cost more than they give)
                     table = handles.file.read_row_group(group, columns=columns, use_threads=False)
                     read = [
                         chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
                         for chunked in table.columns
                     ]
                 except (pa.ArrowException, OSError) as exc:
+                    # One line: pyarrow's message (several lines at times), and what the
+                    # page reader found wrong first where it tried (column, page).
+                    said = " ".join(str(exc).split())
+                    found = "" if plans is None else f" ({read})"
                     raise InvalidConfig(
                         f"Parquet file {str(path)!r}: row group {group} cannot "
-                        f"be read (corrupt or truncated): {exc}"
+                        f"be read (corrupt or truncated): {said}{found}"
                     ) from None
             lists, *mask_lists = read
             return self._block(lists, mask_lists[0] if mask_lists else None, first)

@@ -30,11 +30,13 @@ def read_both(
     """Per row group: what parquet_pages reads (``(offsets, tokens)`` or None) and
     pyarrow's list array (None unless ``pyarrow``)."""
     handle = pq.ParquetFile(str(path))
-    plan = parquet_pages.column_plan(pa, handle, column)
     data = parquet_pages.file_bytes(path)
+    plan = parquet_pages.column_plan(pa, handle, column, data)
     out = []
     for group in range(handle.metadata.num_row_groups):
-        ours = None if plan is None else parquet_pages.read_row_group(pa, data, handle, plan, group)
+        ours = None if plan is None else parquet_pages.read_row_group(pa, data, plan, group)
+        if isinstance(ours, str):  # why it is not read here
+            ours = None
         theirs = None
         if pyarrow:
             theirs = handle.read_row_group(group, columns=[column]).column(0).combine_chunks()
@@ -174,7 +176,8 @@ def test_a_list_of_other_values_is_left_to_pyarrow(tmp_path):
     table = pa.table({"input_ids": pa.array([[True, False], [True]], pa.list_(pa.bool_()))})
     pq.write_table(table, tmp_path / "t.parquet")
     handle = pq.ParquetFile(str(tmp_path / "t.parquet"))
-    assert parquet_pages.column_plan(pa, handle, "input_ids") is None
+    data = parquet_pages.file_bytes(tmp_path / "t.parquet")
+    assert parquet_pages.column_plan(pa, handle, "input_ids", data) is None
 
 
 @pytest.mark.parametrize(
@@ -267,12 +270,29 @@ def test_the_dictionary_kernel_refuses_what_it_cannot_look_up():
     args = (0, len(packed), 2, 8)
     assert parquet_cpu.dictionary_values(packed, *args, dictionary, out, 0) == 8
     assert out.tolist() == [12, 10, 11, 12, 11, 10, 10, 10]
-    assert parquet_cpu.dictionary_values(packed, *args, dictionary[:2], out, 0) == -1
-    assert parquet_cpu.dictionary_values(packed, *args, dictionary[:0], out, 0) == -1
+    past = parquet_cpu.PAST_DICTIONARY
+    assert parquet_cpu.dictionary_values(packed, *args, dictionary[:2], out, 0) == past
+    assert parquet_cpu.dictionary_values(packed, *args, dictionary[:0], out, 0) == past
     repeated = np.array([8 << 1, 3], np.uint8)  # 8 copies of index 3
-    assert parquet_cpu.dictionary_values(repeated, 0, 2, 2, 8, dictionary, out, 0) == -1
-    assert parquet_cpu.dictionary_values(packed, 0, 2, 2, 8, dictionary, out, 0) == -1
-    assert parquet_cpu.dictionary_values(packed, 0, 3, 33, 8, dictionary, out, 0) == -1
+    assert parquet_cpu.dictionary_values(repeated, 0, 2, 2, 8, dictionary, out, 0) == past
+    ends = parquet_cpu.ENDS_EARLY
+    assert parquet_cpu.dictionary_values(packed, 0, 2, 2, 8, dictionary, out, 0) == ends
+    wide = parquet_cpu.BAD_WIDTH
+    assert parquet_cpu.dictionary_values(packed, 0, 3, 33, 8, dictionary, out, 0) == wide
+    # A stream said to end past its buffer, an output slice past its array: refused
+    # before anything is read or written.
+    outside = parquet_cpu.OUT_OF_BOUNDS
+    assert parquet_cpu.dictionary_values(packed, 0, 4, 2, 8, dictionary, out, 0) == outside
+    assert parquet_cpu.dictionary_values(packed, *args, dictionary, out, 1) == outside
+    # A run header of zero values, and one over 5 bytes (pyarrow reads neither).
+    zero = np.array([0, 0, 0x03, 0b10_01_00_10, 0b00_00_00_01], np.uint8)
+    assert (
+        parquet_cpu.dictionary_values(zero, 0, 5, 2, 8, dictionary, out, 0) == parquet_cpu.BAD_RUN
+    )
+    long = np.array([0x83, 0x80, 0x80, 0x80, 0x80, 0x00, 0xFF, 0xFF], np.uint8)
+    assert (
+        parquet_cpu.dictionary_values(long, 0, 8, 2, 8, dictionary, out, 0) == parquet_cpu.BAD_RUN
+    )
 
 
 @settings(
@@ -298,10 +318,10 @@ def test_damaged_bytes_give_a_reading_or_none_never_an_error(tmp_path, flips, ve
     data = np.array(parquet_pages.file_bytes(path))  # a copy to damage
     for at, value in flips:
         data[start + at % chunk.total_compressed_size] = value
-    plan = parquet_pages.column_plan(pa, handle, "input_ids")
+    plan = parquet_pages.column_plan(pa, handle, "input_ids", data)
     assert plan is not None
-    read = parquet_pages.read_row_group(pa, data, handle, plan, 0)
-    if read is not None:
+    read = parquet_pages.read_row_group(pa, data, plan, 0)
+    if not isinstance(read, str):
         offsets, tokens = read
         assert len(offsets) == 61 and offsets[0] == 0 and offsets[-1] == len(tokens)
         assert (np.diff(offsets) >= 1).all() and len(tokens) == chunk.num_values
