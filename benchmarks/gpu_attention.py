@@ -166,23 +166,9 @@ def main() -> None:
     # timing, float32 (and float64 where the variant has it), device arrays in
     timings: dict[str, Any] = {}
     for variant, options, with_float64, _ in VARIANTS:
-        backward_options = {"kernel": options.get("kernel", "per_query")}
         for dtype in (np.float32, np.float64) if with_float64 else (np.float32,):
-            dq_, dk_, dv_, dg_ = (cuda.to_device(x.astype(dtype)) for x in (q64, k64, v64, g64))
-            d_starts, d_valid = cuda.to_device(starts), cuda.to_device(valid)
-
-            def forward(opts=options, a=(dq_, dk_, dv_, d_starts, d_valid)):
-                return range_attention(*a[:3], a[3], a[4], device="cuda", **opts)
-
-            out, lse = forward()
-
-            def backward(bo=backward_options, o=out, s=lse, a=(dq_, dk_, dv_, dg_)):
-                return range_attention_backward(
-                    *a[:3], o, s, a[3], d_starts, d_valid, device="cuda", **bo
-                )
-
-            fwd = median_time(forward, args.repeats, cuda.synchronize)
-            bwd = median_time(backward, args.repeats, cuda.synchronize)
+            inputs = [x.astype(dtype) for x in (q64, k64, v64, g64)]
+            fwd, bwd = time_variant(inputs, starts, valid, options, args.repeats)
             timings[f"{variant}_{np.dtype(dtype).name}"] = {
                 "forward_s": fwd,
                 "backward_s": bwd,
@@ -223,6 +209,38 @@ def main() -> None:
         with open(args.out, "w") as fh:
             fh.write(text + "\n")
     sys.exit(0 if report["passed"] else 1)
+
+
+def time_variant(
+    inputs: list[np.ndarray],
+    starts: np.ndarray,
+    valid: np.ndarray,
+    options: dict[str, str],
+    repeats: int,
+) -> tuple[float, float]:
+    """Median forward and backward times of one variant on device-resident inputs."""
+    from numba import cuda
+
+    from streampack.kernels.attention import range_attention, range_attention_backward
+
+    q, k, v, g = (cuda.to_device(x) for x in inputs)
+    d_starts, d_valid = cuda.to_device(starts), cuda.to_device(valid)
+    backward_options = {"kernel": options.get("kernel", "per_query")}
+
+    def forward() -> Any:
+        return range_attention(q, k, v, d_starts, d_valid, device="cuda", **options)
+
+    out, lse = forward()
+
+    def backward() -> Any:
+        return range_attention_backward(
+            q, k, v, out, lse, g, d_starts, d_valid, device="cuda", **backward_options
+        )
+
+    return (
+        median_time(forward, repeats, cuda.synchronize),
+        median_time(backward, repeats, cuda.synchronize),
+    )
 
 
 def versions() -> dict[str, str]:
