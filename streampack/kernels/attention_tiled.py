@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32, float64, int32, int64
 
+from ..errors import InvalidConfig
 from .attention_mma import (
     a_col_d,
     a_from_c_d,
@@ -96,15 +97,20 @@ def _shared_bytes(kernel: str, rows: int, cols: int, dim: int, itemsize: int) ->
 def tiles_for(kernel: str, dim: int, itemsize: int) -> tuple[int, int]:
     """``(rows, cols)`` of a kernel's tiles: queries x keys for ``forward``/``dq``/
     ``forward_tf32``, keys x queries for ``dkdv``."""
-    if kernel == "forward_tf32":
-        for cols in (64, 32, 16, 8):
-            if _shared_bytes(kernel, 64, cols, dim, itemsize) <= SHARED_LIMIT:
-                return 64, cols
-        raise ValueError(f"head_dim {dim} is too large for the TF32 kernel's shared memory")
-    for rows, cols in _CANDIDATES:
+    candidates = [(64, c) for c in (64, 32, 16, 8)] if kernel == "forward_tf32" else _CANDIDATES
+    for rows, cols in candidates:
         if _shared_bytes(kernel, rows, cols, dim, itemsize) <= SHARED_LIMIT:
             return rows, cols
-    raise ValueError(f"head_dim {dim} is too large for the tiled kernels' shared memory")
+    largest = max(
+        d
+        for d in range(1, 1024)
+        if _shared_bytes(kernel, *candidates[-1], d, itemsize) <= SHARED_LIMIT
+    )
+    raise InvalidConfig(
+        f"head_dim {dim} is too large for kernel='tiled' ({kernel} in {8 * itemsize}-bit "
+        f"floats fits head_dim up to {largest} in shared memory); accepted: a smaller "
+        "head_dim, or kernel='per_query'"
+    )
 
 
 def check_tiles(kernel: str, rows: int, cols: int) -> None:

@@ -424,6 +424,21 @@ def test_bad_options_raise_invalid_config(kwargs, pattern):
         range_attention(*_forward_args(args), **kwargs)
 
 
+@pytest.mark.parametrize(
+    "kernel, itemsize, largest",
+    [("forward", 4, 505), ("dq", 4, 378), ("dkdv", 8, 185), ("forward_tf32", 4, 744)],
+)
+def test_tiled_kernels_fit_shared_memory_or_say_which_head_dim_does(kernel, itemsize, largest):
+    from streampack.kernels.attention_tiled import SHARED_LIMIT, _shared_bytes, tiles_for
+
+    rows, cols = tiles_for(kernel, largest, itemsize)
+    assert _shared_bytes(kernel, rows, cols, largest, itemsize) <= SHARED_LIMIT
+    if itemsize == 4:  # the benchmark's float32 shape keeps tiles of 32 rows or more
+        assert tiles_for(kernel, 64, itemsize)[0] >= 32
+    with pytest.raises(InvalidConfig, match=rf"head_dim {largest + 1} is too large .* up to"):
+        tiles_for(kernel, largest + 1, itemsize)
+
+
 def test_device_arrays_are_refused_on_the_cpu_path():
     class FakeDeviceArray:
         """Anything exposing the CUDA array interface is device memory."""
