@@ -47,11 +47,12 @@ clean:
 	rm -rf $(VENV) .numba_cache .pytest_cache .hypothesis .mypy_cache
 
 # On a machine with an NVIDIA GPU: the CUDA scenario suite and the audit compiled for
-# that GPU, then the GPU benchmark (JSON on stdout).
+# that GPU, then the GPU benchmark (JSON on stdout; GPU_BENCH_ARGS="--out FILE" keeps it).
+# benchmarks/gpu_check.sh runs this on a machine with no package index.
 .PHONY: test-gpu
 test-gpu: $(TEST_EXTRAS)
 	STREAMPACK_CUDA_DEVICE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/cudasim
-	$(BIN)/python benchmarks/gpu_attention.py
+	$(BIN)/python benchmarks/gpu_attention.py $(GPU_BENCH_ARGS)
 
 # The image, built from a locally made Debian base, tested end to end on a real Docker
 # engine (started when none runs); prints "DOCKER TESTS SKIPPED: ..." where none can.

@@ -36,6 +36,9 @@ from ..errors import InvalidArray, InvalidConfig
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _DEVICES = ("cpu", "cuda")
+#: CUDA kernels: one thread per query (the default), or FlashAttention-2 style tiles.
+_KERNELS = ("per_query", "tiled")
+_PRECISIONS = ("exact", "tf32")
 
 
 def _is_device_array(x: Any) -> bool:
@@ -141,6 +144,24 @@ def _check_device(device: str) -> None:
         raise InvalidConfig(f"device = {device!r}; accepted: 'cpu' or 'cuda'")
 
 
+def _check_kernel(device: str, kernel: str, precision: str, dtype: np.dtype) -> None:
+    """``kernel`` and ``precision`` choose among the CUDA kernels; check the pair."""
+    if kernel not in _KERNELS:
+        raise InvalidConfig(f"kernel = {kernel!r}; accepted: 'per_query' or 'tiled'")
+    if precision not in _PRECISIONS:
+        raise InvalidConfig(f"precision = {precision!r}; accepted: 'exact' or 'tf32'")
+    if kernel == "tiled" and device != "cuda":
+        raise InvalidConfig(
+            "kernel = 'tiled' selects a CUDA kernel; accepted with device='cuda' "
+            "(the CPU kernels take kernel='per_query', the default)"
+        )
+    if precision == "tf32" and (kernel != "tiled" or dtype != np.dtype(np.float32)):
+        raise InvalidConfig(
+            f"precision = 'tf32' with kernel = {kernel!r} and {dtype} inputs; accepted: "
+            "device='cuda', kernel='tiled' and float32 inputs (the tensor-core forward)"
+        )
+
+
 def _shape_dtype(name: str, x: Any, device: str) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of a host or device array without copying it."""
     if device == "cpu" or not _is_device_array(x):
@@ -220,6 +241,8 @@ def range_attention(
     *,
     scale: float | None = None,
     device: str = "cpu",
+    kernel: str = "per_query",
+    precision: str = "exact",
     _tiles: tuple[int, int] | None = None,
 ) -> tuple[Any, Any]:
     """Block-causal softmax attention over packed rows; returns ``(out, lse)``.
@@ -232,6 +255,12 @@ def range_attention(
             inactive (next-fit leaves padding only at each row's tail).
         scale: multiplies the scores; ``1 / sqrt(head_dim)`` when None.
         device: ``"cpu"`` (Numba, parallel over threads) or ``"cuda"``.
+        kernel: with ``device="cuda"``, ``"per_query"`` (one thread per query, the
+            default) or ``"tiled"`` (FlashAttention-2 style register and shared-memory
+            tiles, :mod:`~streampack.kernels.attention_tiled`).
+        precision: ``"exact"`` (products in the input dtype) or ``"tf32"`` (with
+            ``kernel="tiled"`` and float32: the products on TF32 tensor cores, about
+            1e-3 relative error, softmax in float32).
         _tiles: ``(query tile, key tile)`` sizes instead of the kernels' constants; for
             tests that need tile edges on small shapes. Results do not depend on them
             beyond rounding.
@@ -244,16 +273,20 @@ def range_attention(
     Raises:
         InvalidArray: a shape, dtype or range value is wrong (the message names the
             array, the index and the value).
-        InvalidConfig: ``scale`` or ``device`` is not accepted.
+        InvalidConfig: ``scale``, ``device``, ``kernel`` or ``precision`` is not
+            accepted.
     """
     floats = {"q": q, "k": k, "v": v}
     shape, dtype, starts, valid = _validate(floats, None, segment_starts, valid_lengths, device)
+    _check_kernel(device, kernel, precision, dtype)
     rows, heads, capacity, dim = shape
     scale_value = _resolve_scale(scale, dim)
     if device == "cuda":
         from . import attention_cuda
 
-        return attention_cuda.forward(q, k, v, starts, valid, scale_value, _tiles)
+        return attention_cuda.forward(
+            q, k, v, starts, valid, scale_value, _tiles, kernel=kernel, precision=precision
+        )
     from . import attention_cpu as cpu
     from . import attention_plan as plan_kernels
 
@@ -290,6 +323,7 @@ def range_attention_backward(
     *,
     scale: float | None = None,
     device: str = "cpu",
+    kernel: str = "per_query",
     _tiles: tuple[int, int] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Gradients ``(dq, dk, dv)`` of ``sum(out * d_out)`` for :func:`range_attention`.
@@ -297,20 +331,25 @@ def range_attention_backward(
     ``out`` and ``lse`` are what :func:`range_attention` returned for the same inputs
     and ``scale``; probabilities are recomputed from ``lse``, never stored. Inactive
     queries get ``dq = 0`` and padding keys get exactly zero ``dk`` and ``dv``.
+    ``kernel`` is as for :func:`range_attention`; the backward's products are always in
+    the input dtype (the backward of a ``precision="tf32"`` forward is exact).
 
     Raises:
         InvalidArray: as :func:`range_attention`, and for an ``lse`` of the wrong
             shape or dtype or one that is not finite on an active query.
-        InvalidConfig: ``scale`` or ``device`` is not accepted.
+        InvalidConfig: ``scale``, ``device`` or ``kernel`` is not accepted.
     """
     floats = {"q": q, "k": k, "v": v, "out": out, "d_out": d_out}
     shape, dtype, starts, valid = _validate(floats, lse, segment_starts, valid_lengths, device)
+    _check_kernel(device, kernel, "exact", dtype)
     rows, heads, capacity, dim = shape
     scale_value = _resolve_scale(scale, dim)
     if device == "cuda":
         from . import attention_cuda
 
-        return attention_cuda.backward(q, k, v, out, lse, d_out, starts, valid, scale_value, _tiles)
+        return attention_cuda.backward(
+            q, k, v, out, lse, d_out, starts, valid, scale_value, _tiles, kernel=kernel
+        )
     from . import attention_cpu as cpu
     from . import attention_plan as plan_kernels
 

@@ -31,7 +31,8 @@ Backward — probabilities are recomputed from the saved ``lse``:
 
 Every cell is written by exactly one thread: no atomics, and results do not depend on
 scheduling. Tile sizes are module constants; tests under the CUDA simulator pass
-smaller ones.
+smaller ones. These are the default kernels (``kernel="per_query"``); ``kernel="tiled"``
+hands the same device views to :mod:`~streampack.kernels.attention_tiled`.
 """
 
 from __future__ import annotations
@@ -345,11 +346,20 @@ def forward(
     valid: np.ndarray,
     scale: float,
     tiles: tuple[int, int] | None = None,
+    *,
+    kernel: str = "per_query",
+    precision: str = "exact",
 ) -> tuple[Any, Any]:
-    """Launch the forward kernel; returns device arrays ``(out, lse)``."""
+    """Launch the forward kernel (``kernel="tiled"``: :mod:`.attention_tiled`'s);
+    returns device arrays ``(out, lse)``."""
     shape, dtype = _shape_dtype(q)
     rows, heads, capacity, dim, tile_q, tile_k = _plan(shape, dtype, tiles)
     n = rows * heads * capacity
+    if kernel == "tiled":
+        from . import attention_tiled
+
+        views = {name: _device_2d(name, x, n, dim) for name, x in (("q", q), ("k", k), ("v", v))}
+        return attention_tiled.forward(views, shape, dtype, starts, valid, scale, precision, tiles)
     out = cuda.device_array(shape, dtype)
     lse = cuda.device_array((rows, heads, capacity), dtype)
     if n == 0:
@@ -381,11 +391,21 @@ def backward(
     valid: np.ndarray,
     scale: float,
     tiles: tuple[int, int] | None = None,
+    *,
+    kernel: str = "per_query",
 ) -> tuple[Any, Any, Any]:
-    """Launch the dq kernel then the dk/dv kernel; returns device arrays ``(dq, dk, dv)``."""
+    """Launch the dq kernel then the dk/dv kernel (``kernel="tiled"``:
+    :mod:`.attention_tiled`'s); returns device arrays ``(dq, dk, dv)``."""
     shape, dtype = _shape_dtype(q)
     rows, heads, capacity, dim, tile_q, tile_k = _plan(shape, dtype, tiles)
     n = rows * heads * capacity
+    if kernel == "tiled":
+        from . import attention_tiled
+
+        named = (("q", q), ("k", k), ("v", v), ("out", out), ("d_out", d_out))
+        views = {name: _device_2d(name, x, n, dim) for name, x in named}
+        views["lse"] = _device_2d("lse", lse, rows * heads, capacity)
+        return attention_tiled.backward(views, shape, dtype, starts, valid, scale, tiles)
     dq = cuda.device_array(shape, dtype)
     dk = cuda.device_array(shape, dtype)
     dv = cuda.device_array(shape, dtype)

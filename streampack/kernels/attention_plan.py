@@ -5,7 +5,8 @@ before every segment start (:func:`next_block`), so it never mixes two segments;
 :func:`key_query_end` gives, per key, one past the last query whose range reaches it
 (the queries a key block's backward needs, on both devices). The CPU planners deal the
 work into one bin per thread, longest first (:func:`plan_forward`,
-:func:`plan_backward`).
+:func:`plan_backward`); :func:`tile_bounds` gives the tiled CUDA kernels, per aligned
+query tile, the keys to visit and the key tiles that need no mask.
 """
 
 from __future__ import annotations
@@ -176,3 +177,39 @@ def plan_backward(starts, valid, heads, tile_q, n_bins):  # pragma: no cover - c
             i += 1
     order, offsets = _deal(task_cost, n_bins)
     return task_rh, task_lo, task_hi, order, offsets
+
+
+@njit(cache=True)
+def tile_bounds(starts, valid, tile, bounds):  # pragma: no cover - compiled
+    """Per aligned query tile ``[t * tile, (t + 1) * tile)`` of each row, what the tiled
+    CUDA kernels need to skip and to mask (``bounds`` is int32 ``[rows, tiles, 4]``):
+
+    * ``[0]``, ``[1]``: ``lo``, the smallest start of the tile's active queries, and
+      ``hi``, one past its last active query. The keys any of them may use are
+      ``[lo, hi)`` (every range holds its own query and the queries are consecutive,
+      so the union has no gap): key tiles outside it are fully masked and never
+      loaded. ``lo = hi = 0`` for a tile with no active query.
+    * ``[2]``, ``[3]``: the largest start and the first query plus one when every query
+      of the tile is active, else ``0, 0``. A key tile ``[k0, k0 + n)`` with
+      ``bounds[2] <= k0`` and ``k0 + n <= bounds[3]`` is inside every range of the
+      tile: no mask is applied to it.
+    """
+    rows, capacity = starts.shape
+    n_tiles = bounds.shape[1]
+    for r in range(rows):
+        for t in range(n_tiles):
+            q0 = t * tile
+            q1 = min(q0 + tile, valid[r])
+            lowest = 0
+            highest = 0
+            if q1 > q0:
+                lowest = starts[r, q0]
+                highest = starts[r, q0]
+                for qi in range(q0 + 1, q1):
+                    lowest = min(lowest, starts[r, qi])
+                    highest = max(highest, starts[r, qi])
+            bounds[r, t, 0] = lowest
+            bounds[r, t, 1] = q1 if q1 > q0 else 0
+            full = q1 == q0 + tile
+            bounds[r, t, 2] = highest if full else 0
+            bounds[r, t, 3] = q0 + 1 if full else 0

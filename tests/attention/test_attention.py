@@ -405,12 +405,38 @@ def test_inactive_query_starts_are_ignored():
 
 @pytest.mark.parametrize(
     "kwargs, pattern",
-    [({"device": "tpu"}, r"device = 'tpu'"), ({"scale": float("nan")}, r"scale = nan")],
+    [
+        ({"device": "tpu"}, r"device = 'tpu'"),
+        ({"scale": float("nan")}, r"scale = nan"),
+        ({"kernel": "fast"}, r"kernel = 'fast'; accepted: 'per_query' or 'tiled'"),
+        ({"kernel": "tiled"}, r"kernel = 'tiled' selects a CUDA kernel; accepted with device"),
+        ({"precision": "fp16"}, r"precision = 'fp16'; accepted: 'exact' or 'tf32'"),
+        ({"precision": "tf32"}, r"precision = 'tf32' with kernel = 'per_query' and float64"),
+        (
+            {"precision": "tf32", "kernel": "tiled", "device": "cuda"},
+            r"accepted: device='cuda', kernel='tiled' and float32 inputs",
+        ),
+    ],
 )
 def test_bad_options_raise_invalid_config(kwargs, pattern):
     args = _good()
     with pytest.raises(InvalidConfig, match=pattern):
         range_attention(*_forward_args(args), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kernel, itemsize, largest",
+    [("forward", 4, 505), ("dq", 4, 378), ("dkdv", 8, 185), ("forward_tf32", 4, 744)],
+)
+def test_tiled_kernels_fit_shared_memory_or_say_which_head_dim_does(kernel, itemsize, largest):
+    from streampack.kernels.attention_tiled import SHARED_LIMIT, _shared_bytes, tiles_for
+
+    rows, cols = tiles_for(kernel, largest, itemsize)
+    assert _shared_bytes(kernel, rows, cols, largest, itemsize) <= SHARED_LIMIT
+    if itemsize == 4:  # the benchmark's float32 shape keeps tiles of 32 rows or more
+        assert tiles_for(kernel, 64, itemsize)[0] >= 32
+    with pytest.raises(InvalidConfig, match=rf"head_dim {largest + 1} is too large .* up to"):
+        tiles_for(kernel, largest + 1, itemsize)
 
 
 def test_device_arrays_are_refused_on_the_cpu_path():
@@ -445,6 +471,38 @@ def test_key_query_end_is_one_past_the_last_query_that_sees_each_key(data):
     for key in range(capacity):
         seen_by = np.flatnonzero(mask[:, key])
         assert got[0, key] == (seen_by.max() + 1 if seen_by.size else key), key
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_tile_bounds_give_the_keys_of_each_query_tile_and_its_unmasked_key_tiles(data):
+    """What the tiled CUDA kernels skip and leave unmasked, against the dense mask."""
+    from streampack.kernels.attention_plan import tile_bounds
+
+    capacity = data.draw(st.integers(1, 24))
+    tile = data.draw(st.sampled_from([1, 2, 4, 8]))
+    valid = np.array([data.draw(st.integers(0, capacity))], np.int32)
+    starts = np.full((1, capacity), -1, np.int32)
+    for c in range(valid[0]):
+        starts[0, c] = data.draw(st.integers(0, c))
+    got = np.empty((1, -(-capacity // tile), 4), np.int32)
+    tile_bounds(starts, valid, tile, got)
+    mask = range_mask(starts, valid)[0]  # [query, key]
+    for t, (lo, hi, full_lo, full_hi) in enumerate(got[0]):
+        rows = mask[t * tile : (t + 1) * tile]
+        keys = np.flatnonzero(rows.any(axis=0))
+        if keys.size:  # the keys any query uses are exactly [lo, hi)
+            assert (lo, hi) == (keys.min(), keys.max() + 1), t
+            assert rows.any(axis=0)[lo:hi].all(), t
+        else:
+            assert (lo, hi) == (0, 0), t
+        for k0 in range(capacity):
+            for width in (1, 2, 4):
+                # a key tile is left unmasked exactly when every query of the tile sees it
+                unmasked = full_lo <= k0 and k0 + width <= full_hi
+                block = rows[:, k0 : k0 + width]
+                inside = k0 + width <= capacity and rows.shape[0] == tile and block.all()
+                assert unmasked == inside, (t, k0, width)
 
 
 @numba.njit
