@@ -353,9 +353,12 @@ class Coordinator:
             return
         if not self.started:
             self.started = True
-            first = (message.fields["epoch"], message.fields["index"])
-            if first > (0, 0) and self.pipeline.epoch_live(first[0]):
-                rewind_to = first  # a fresh producer starts where its first consumer is
+            epoch = message.fields["epoch"]
+            if epoch > 0 and self.pipeline.epoch_live(epoch):
+                # A fresh producer starts where its first consumer is: at the epoch's
+                # first window (its counts are not known yet). Nothing was cut, so this
+                # is a start, not a replay: not counted among the rewinds.
+                self.pipeline.rewind(epoch, message.fields["index"])
         if rewind_to is not None:
             self.rewind(rewind_to)
 

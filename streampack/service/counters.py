@@ -49,6 +49,7 @@ class ProducerCounters:
     replayed_dropped: int = 0  # replayed batches no consumer can still ask for
     evicted: int = 0  # ready batches dropped to make room for a batch someone waits for
     rewinds: int = 0
+    resends_dropped: int = 0  # fetches for batches just answered to the same consumer
     rejected_worker: int = 0
     rejected_consumer: int = 0
     peer_errors: int = 0  # 'error' messages received (never answered)

@@ -94,6 +94,10 @@ PRODUCER_COUNTERS: dict[str, tuple[str, str]] = {
         "Replayed batches no consumer can still ask for, dropped",
     ),
     "rewinds": ("streampack_rewinds", "Replays from an earlier window for a resuming consumer"),
+    "resends_dropped": (
+        "streampack_resends_dropped",
+        "Fetches for batches just answered to the same consumer (a resend crossing its answer)",
+    ),
     "documents_split": (
         "streampack_documents_split",
         "Long documents cut into ranges (long_documents = split)",
