@@ -63,6 +63,10 @@ class ProducerCounters:
     audit_failures: int = 0
     window_bytes_peak: int = 0
     reorder_bytes_peak: int = 0
+    # Bytes of every message the producer's sockets accepted for a peer (header and
+    # frames): what the data path costs its network card.
+    bytes_sent_to_workers: int = 0
+    bytes_sent_to_consumers: int = 0
     pack_seconds: float = 0.0
     quarantine_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
     # str(rank) -> real tokens / supervised targets served to that rank; ranks from

@@ -110,6 +110,14 @@ PRODUCER_COUNTERS: dict[str, tuple[str, str]] = {
         "streampack_ranges_unsupervised",
         "Ranges of split documents with no supervised target, dropped",
     ),
+    "bytes_sent_to_workers": (
+        "streampack_bytes_sent_to_workers",
+        "Bytes of the messages the producer sent to workers (headers and frames)",
+    ),
+    "bytes_sent_to_consumers": (
+        "streampack_bytes_sent_to_consumers",
+        "Bytes of the messages the producer sent to consumers (headers and frames)",
+    ),
     "audited": ("streampack_batches_audited", "Batches audited by workers"),
     "audit_failures": ("streampack_audit_failures", "Audited batches that failed the audit"),
     "pack_seconds": (

@@ -131,16 +131,16 @@ class Producer:
         socket = self._sockets.get(which)
         if socket is None:
             return False
+        frames = wire.encode(kind, fields, arrays)
         try:
-            socket.send_multipart(
-                [identity, *wire.encode(kind, fields, arrays)], flags=zmq.NOBLOCK, copy=False
-            )
+            socket.send_multipart([identity, *frames], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
             if exc.errno == errno.EHOSTUNREACH:
                 return False
             raise
+        self.coordinator.counters.add(f"bytes_sent_to_{which}", sum(len(f) for f in frames))
         return True
 
     def snapshot(self) -> dict[str, Any]:

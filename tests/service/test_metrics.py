@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
 import urllib.request
 from pathlib import Path
@@ -193,7 +194,8 @@ def test_scraped_metrics_agree_with_the_consumers_and_the_quarantine_file(tmp_pa
         )
     want = expected(tmp_path, 1, 2)["list"][1]  # (epoch, index, digest) of rank 1's 2nd
     assert want[:2] == (0, 3) and load_batch(saved).digest() == want[2]
-    # What the consumers received.
+    # What the consumers received, and the CPU they spent on it (within their run).
+    assert all(0 < o["cpu_seconds"] < o["seconds"] * (os.cpu_count() or 1) for o in outputs)
     batches = sum(o["batches"] - o["fillers"] for o in outputs)
     assert value(producer, "streampack_batches_served_total") == batches == health["batches_served"]
     assert value(producer, "streampack_fillers_served_total") == sum(o["fillers"] for o in outputs)
@@ -260,6 +262,11 @@ def test_the_client_counts_what_it_yielded_and_how_long_it_waited():
     assert 1 <= counters["waits"] <= counters["batches"]
     assert 0 < counters["seconds_blocked"] < wall
     assert counters["bytes_received"] > 0
+    # The producer counts what its sockets took: every batch's bytes, plus the headers
+    # (and the health answers) around them.
+    sent = served["bytes_sent_to_consumers"]
+    assert counters["bytes_received"] < sent < counters["bytes_received"] + 4096 * (len(got) + 16)
+    assert served["bytes_sent_to_workers"] > 0
     for key, name in (
         ("batches", "streampack_client_batches_total"),
         ("waits", "streampack_client_waits_total"),
