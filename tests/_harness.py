@@ -12,10 +12,10 @@ from typing import Any
 from _service import FIXTURE, SMALL
 
 from streampack import wire
+from streampack.config import PackConfig
 from streampack.corpus import open_corpus
 from streampack.service.coordinator import Coordinator
 from streampack.service.plan_check import ranges_plan
-from streampack.service.worker import pack_config_from_wire
 from streampack.settings import ProducerSettings
 
 
@@ -107,7 +107,7 @@ class Harness:
     def honest_plan(window: wire.Message) -> dict[str, Any]:
         """What a correct worker answers: the plan of ``ranges_plan``."""
         occurrences, sizes = ranges_plan(
-            window.arrays, pack_config_from_wire(window.fields["config"])
+            window.arrays, PackConfig.from_wire(window.fields["config"])
         )
         return {"occurrences": occurrences, "batch_sizes": sizes}
 
