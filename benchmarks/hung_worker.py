@@ -65,8 +65,8 @@ def flags(settings: dict) -> list[str]:
 
 def hung_worker(endpoint: str, honest: int, credit: int, stop: threading.Event, log: list) -> None:
     """Register, heartbeat every 0.2 s, answer the first ``honest`` windows, then never."""
+    from streampack.config import PackConfig
     from streampack.service.plan_check import ranges_plan
-    from streampack.service.worker import pack_config_from_wire
 
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
@@ -90,7 +90,7 @@ def hung_worker(endpoint: str, honest: int, credit: int, stop: threading.Event, 
                 log.append(f"took window {key} and hangs on it")
                 continue
             occurrences, sizes = ranges_plan(
-                message.arrays, pack_config_from_wire(message.fields["config"])
+                message.arrays, PackConfig.from_wire(message.fields["config"])
             )
             fields = {
                 "epoch": key[0],

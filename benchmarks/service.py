@@ -25,6 +25,15 @@ per run as CPU seconds spent while the consumers ran: producer, workers, consume
 wall seconds the workers spent handling windows (above their CPU seconds when cores
 are oversubscribed).
 
+Per token (``per_token`` of each run): each role's CPU nanoseconds per delivered token
+and its capacity (million tokens per CPU-second; a consumer's is the CPU its process
+spent from its first request to its last batch, as ``consume`` reports it: start-up
+not included), and the bytes the producer's sockets
+sent per delivered token, to workers and to consumers (its ``bytes_sent_to_*``
+counters). ``time_to_first_batch``: seconds from starting ``serve`` to a rank's first
+batch, with 1 and 2 workers and a warm Numba cache, the rank asking from the start (a
+trainer already running: its client's kernels loaded).
+
 ``corpora`` serves the same documents in three forms, 2 workers and 2 consumers each:
 the token shards above; the shards with a supervision mask (``NAME.mask.npy``: a
 prompt of a random share of each document, then the response, as the masked rows of
@@ -131,6 +140,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def serve_command(
+    corpus: Path,
+    workers: int,
+    window_tokens: int,
+    worker_endpoint: str,
+    consumer_endpoint: str,
+    backups: bool = True,
+) -> list[str]:
+    """``streampack serve`` of the benchmark's shapes on ``corpus``."""
+    return [
+        sys.executable,
+        "-m",
+        "streampack.cli",
+        "serve",
+        "--corpus",
+        str(corpus),
+        "--workers",
+        str(workers),
+        "--capacity",
+        str(CAPACITY),
+        "--max-rows-per-batch",
+        str(ROWS_PER_BATCH),
+        "--window-documents",
+        "65536",
+        "--window-tokens",
+        str(window_tokens),
+        "--max-metadata-bytes",
+        str(1 << 32),
+        "--worker-endpoint",
+        worker_endpoint,
+        "--consumer-endpoint",
+        consumer_endpoint,
+        "--backups" if backups else "--no-backups",
+    ]
+
+
 def run_service(
     corpus: Path,
     workers: int,
@@ -147,29 +192,7 @@ def run_service(
         consumer_endpoint = f"tcp://127.0.0.1:{free_port()}"
     cli = [sys.executable, "-m", "streampack.cli"]
     serve = subprocess.Popen(
-        [
-            *cli,
-            "serve",
-            "--corpus",
-            str(corpus),
-            "--workers",
-            str(workers),
-            "--capacity",
-            str(CAPACITY),
-            "--max-rows-per-batch",
-            str(ROWS_PER_BATCH),
-            "--window-documents",
-            "65536",
-            "--window-tokens",
-            str(window_tokens),
-            "--max-metadata-bytes",
-            str(1 << 32),
-            "--worker-endpoint",
-            worker_endpoint,
-            "--consumer-endpoint",
-            consumer_endpoint,
-            "--backups" if backups else "--no-backups",
-        ],
+        serve_command(corpus, workers, window_tokens, worker_endpoint, consumer_endpoint, backups),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -180,6 +203,7 @@ def run_service(
         while True:
             status = check(consumer_endpoint, 1.0)
             if status is not None and status["stats"]["workers"] >= workers:
+                ready = status["stats"]
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError("serve did not become ready")
@@ -215,6 +239,9 @@ def run_service(
             consumer_cpu += usage.ru_utime + usage.ru_stime
             outputs.append(json.loads(proc.stdout.read().strip().splitlines()[-1]))
         stats = check(consumer_endpoint, 10.0)["stats"]
+        sent = {
+            peer: stats[f"bytes_sent_to_{peer}"] - ready[f"bytes_sent_to_{peer}"] for peer in PEERS
+        }
         producer_cpu = cpu_seconds(serve.pid) - producer_cpu0
         worker_cpu = sum(cpu_seconds(pid) for pid in worker_pids) - worker_cpu0
     finally:
@@ -238,9 +265,61 @@ def run_service(
             "workers_handling_windows_wall": round(stats["pack_seconds"], 2),
             "consumers": round(consumer_cpu, 2),
         },
+        "per_token": per_token(
+            tokens,
+            {
+                "producer": producer_cpu,
+                "workers": worker_cpu,
+                "consumers": sum(o["cpu_seconds"] for o in outputs),
+            },
+            sent,
+        ),
         "tokens": tokens,
         "batches": batches,
     }
+
+
+#: The peers of the producer's two sockets, as its ``bytes_sent_to_*`` counters name them.
+PEERS = ("workers", "consumers")
+
+
+def per_token(tokens: int, cpu: dict[str, float], sent: dict[str, int]) -> dict:
+    """Each role's CPU per delivered token (ns, and its capacity: million tokens per
+    CPU-second) and the bytes the producer sent per delivered token, to each peer."""
+    return {
+        "cpu_ns": {role: round(seconds / tokens * 1e9, 2) for role, seconds in cpu.items()},
+        "million_tokens_per_cpu_second": {
+            role: round(tokens / seconds / 1e6, 1) if seconds > 0 else None
+            for role, seconds in cpu.items()
+        },
+        "producer_bytes_sent": {peer: round(sent[peer] / tokens, 3) for peer in PEERS},
+    }
+
+
+def time_to_first_batch(corpus: Path, workers: int, window_tokens: int) -> dict:
+    """Seconds from starting ``serve`` to a rank's first batch, the rank (a trainer
+    already running, its client's kernels loaded) asking from the first moment; the
+    Numba cache is warm. Also when the producer first answered a health check."""
+    from streampack.client import BatchStream
+
+    consumer_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    started = time.perf_counter()
+    serve = subprocess.Popen(
+        serve_command(
+            corpus, workers, window_tokens, f"tcp://127.0.0.1:{free_port()}", consumer_endpoint
+        ),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with BatchStream(consumer_endpoint, rank=0, world_size=1, timeout=120) as stream:
+            next(stream)
+            first = time.perf_counter() - started
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    return {"workers": workers, "seconds_to_first_batch": round(first, 3)}
 
 
 def main() -> None:
@@ -330,6 +409,15 @@ def main() -> None:
             else None
         )
         in_process = real_tokens / in_process_best / 1e6
+        # The rank's client loaded its kernels before serve starts (a trainer at work).
+        from streampack.client import BatchStream
+
+        BatchStream("tcp://127.0.0.1:9", rank=0, world_size=1).close()
+        first_batch = [
+            time_to_first_batch(shards, workers, args.window_tokens)
+            for workers in (1, 2)
+            for _ in range(args.repeats)
+        ]
     report = {
         "documents": args.documents,
         "real_tokens": real_tokens,
@@ -344,6 +432,13 @@ def main() -> None:
         report["target"] = "2 workers >= 0.5 x in-process single-core rate"
     if corpora is not None:
         report["corpora"] = corpora
+    report["time_to_first_batch"] = {}
+    for workers in (1, 2):
+        seconds = [t["seconds_to_first_batch"] for t in first_batch if t["workers"] == workers]
+        report["time_to_first_batch"][f"{workers}_workers"] = {
+            "seconds_of_each_try": seconds,
+            "median_seconds": round(float(np.median(seconds)), 3),
+        }
     print(json.dumps(report, indent=1))
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from .errors import InvalidConfig
+from .errors import InvalidConfig, ProtocolError
 
 #: Default metadata budget of one pack call (rule C8): 1 GiB.
 DEFAULT_MAX_METADATA_BYTES = 1 << 30
@@ -53,6 +56,20 @@ class PackConfig:
     open_rows: int | None = None
 
     POLICIES = POLICIES
+
+    def to_wire(self) -> dict[str, Any]:
+        """Every field, as the ``config`` of a ``window`` message carries it (the
+        worker holds no settings of the stream: each window says how to pack it)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, fields: Mapping[str, Any]) -> PackConfig:
+        """The configuration ``to_wire`` sent. ``ProtocolError`` for a missing or
+        unknown field; ``InvalidConfig`` for a value ``__post_init__`` refuses."""
+        try:
+            return cls(**fields)
+        except TypeError as exc:
+            raise ProtocolError(f"window config {dict(fields)!r} is malformed: {exc}") from None
 
     @property
     def open_row_limit(self) -> int:

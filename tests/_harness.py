@@ -12,10 +12,10 @@ from typing import Any
 from _service import FIXTURE, SMALL
 
 from streampack import wire
+from streampack.config import PackConfig
 from streampack.corpus import open_corpus
 from streampack.service.coordinator import Coordinator
 from streampack.service.plan_check import ranges_plan
-from streampack.service.worker import pack_config_from_wire
 from streampack.settings import ProducerSettings
 
 
@@ -29,6 +29,7 @@ class Harness:
         self.sent: dict[bytes, list[wire.Message]] = {}
         self.unreachable: set[bytes] = set()
         self.log: list[str] = []
+        self.held: dict[bytes, dict[tuple[int, int], tuple[int, int, str]]] = {}
         self.coordinator = Coordinator(
             self.settings,
             open_corpus(self.settings.corpus),
@@ -106,7 +107,7 @@ class Harness:
     def honest_plan(window: wire.Message) -> dict[str, Any]:
         """What a correct worker answers: the plan of ``ranges_plan``."""
         occurrences, sizes = ranges_plan(
-            window.arrays, pack_config_from_wire(window.fields["config"])
+            window.arrays, PackConfig.from_wire(window.fields["config"])
         )
         return {"occurrences": occurrences, "batch_sizes": sizes}
 
@@ -168,12 +169,15 @@ class Harness:
         index = rank if index is None else index
         got: list[tuple[int, int, str]] = []
         asked: list[tuple[int, int]] = []
-        held: dict[tuple[int, int], tuple[int, int, str]] = {}
+        # Batches answered and not yet taken are kept across calls, as a client keeps
+        # them: it never asks the same identity again for a batch it was answered.
+        held = self.held.setdefault(identity, {})
         limit: int | None = None  # this epoch's end for this rank, once told
         idle = 0
         while until is None or len(got) < until:
             if limit is not None and index >= limit:
-                epoch, index, asked, held, limit = epoch + 1, rank, [], {}, None
+                epoch, index, asked, limit = epoch + 1, rank, [], None
+                held.clear()
             while len(asked) < prefetch:
                 nxt = asked[-1][1] + world_size if asked else index
                 if limit is not None and nxt >= limit:

@@ -2,12 +2,12 @@
 
 It drains one rank's stream as fast as it can (or ``--delay`` seconds per batch, to
 play a slow trainer), shows a progress line on stderr when that is a terminal, and
-prints one JSON line on stdout at the end: batches, fillers, tokens, seconds, tokens/s, the running
-``StreamDigest`` of everything received and the resume cursor. ``--state-in`` resumes
-from a cursor saved by ``--state-out``; ``--record`` writes the identity of every
-occurrence received (source_id, range_start, range_stop, source: its document and range
-in the corpus, ``OCCURRENCE_DTYPE``) as a ``.npy`` file, which the tests use to check
-that every selected pair arrived exactly once.
+prints one JSON line on stdout at the end: batches, fillers, tokens, seconds, tokens/s,
+CPU seconds, the running ``StreamDigest`` of everything received and the resume cursor.
+``--state-in`` resumes from a cursor saved by ``--state-out``; ``--record`` writes the
+identity of every occurrence received (source_id, range_start, range_stop, source: its
+document and range in the corpus, ``OCCURRENCE_DTYPE``) as a ``.npy`` file, which the
+tests use to check that every selected pair arrived exactly once.
 """
 
 from __future__ import annotations
@@ -206,9 +206,11 @@ def main(args: argparse.Namespace) -> int:
         # The clock starts once the stream is built (it loads its compiled expand kernel,
         # a one-off cost per process), at the first request: the rate is the stream's.
         started = time.perf_counter()
+        cpu_started = time.process_time()
         last = _receive(stream, args, digest, records, started, lambda: stopping)
         state = stream.state_dict()
     seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu_started
     _write_outputs(args, state, last, records)
     print(
         json.dumps(
@@ -216,6 +218,7 @@ def main(args: argparse.Namespace) -> int:
             | {
                 "seconds": round(seconds, 3),
                 "tokens_per_second": round(digest.tokens / seconds, 1) if seconds else 0.0,
+                "cpu_seconds": round(cpu_seconds, 3),
                 "digest": digest.hexdigest() if args.digest else "",
             }
         ),

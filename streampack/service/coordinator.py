@@ -42,7 +42,6 @@ from typing import IO, Any
 
 from .. import wire
 from ..batch import OCCURRENCE_DTYPE, CompactBatch
-from ..config import PackConfig
 from ..errors import ProtocolError
 from ..settings import ProducerSettings
 from ..windows import CutSpec
@@ -81,22 +80,6 @@ def receive_limit(settings: ProducerSettings, plan_bytes: int = 0) -> int:
     return min(settings.max_message_bytes, wire.DEFAULT_LIMITS.max_header_bytes + plans)
 
 
-def pack_config(settings: ProducerSettings) -> PackConfig:
-    """The packing configuration of the stream (what workers get with each window)."""
-    return settings.pack_config()
-
-
-def config_to_wire(config: PackConfig) -> dict[str, Any]:
-    return {
-        "capacity": config.capacity,
-        "max_rows_per_batch": config.max_rows_per_batch,
-        "max_cells": config.max_cells,
-        "max_metadata_bytes": config.max_metadata_bytes,
-        "policy": config.policy,
-        "open_rows": config.open_rows,
-    }
-
-
 class Coordinator:
     """The producer's state machine (see module docstring). Plain Python."""
 
@@ -120,8 +103,8 @@ class Coordinator:
         self.quarantine_file = quarantine_file
         self.binding = source.binding.to_binding()
         self.binding_wire = wire.binding_to_wire(self.binding)
-        self.config = pack_config(settings)
-        self.config_wire = config_to_wire(self.config)
+        self.config = settings.pack_config()  # what workers get with each window
+        self.config_wire = self.config.to_wire()
         limit = receive_limit(settings)
         self.limits = wire.WireLimits(max_frame_bytes=limit, max_message_bytes=limit)
         self.registry = WorkerRegistry(
@@ -353,9 +336,12 @@ class Coordinator:
             return
         if not self.started:
             self.started = True
-            first = (message.fields["epoch"], message.fields["index"])
-            if first > (0, 0) and self.pipeline.epoch_live(first[0]):
-                rewind_to = first  # a fresh producer starts where its first consumer is
+            epoch = message.fields["epoch"]
+            if epoch > 0 and self.pipeline.epoch_live(epoch):
+                # A fresh producer starts where its first consumer is: at the epoch's
+                # first window (its counts are not known yet). Nothing was cut, so this
+                # is a start, not a replay: not counted among the rewinds.
+                self.pipeline.rewind(epoch, message.fields["index"])
         if rewind_to is not None:
             self.rewind(rewind_to)
 

@@ -49,6 +49,7 @@ class ProducerCounters:
     replayed_dropped: int = 0  # replayed batches no consumer can still ask for
     evicted: int = 0  # ready batches dropped to make room for a batch someone waits for
     rewinds: int = 0
+    resends_dropped: int = 0  # fetches for batches just answered to the same consumer
     rejected_worker: int = 0
     rejected_consumer: int = 0
     peer_errors: int = 0  # 'error' messages received (never answered)
@@ -62,6 +63,10 @@ class ProducerCounters:
     audit_failures: int = 0
     window_bytes_peak: int = 0
     reorder_bytes_peak: int = 0
+    # Bytes of every message the producer's sockets accepted for a peer (header and
+    # frames): what the data path costs its network card.
+    bytes_sent_to_workers: int = 0
+    bytes_sent_to_consumers: int = 0
     pack_seconds: float = 0.0
     quarantine_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
     # str(rank) -> real tokens / supervised targets served to that rank; ranks from

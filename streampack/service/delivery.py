@@ -26,8 +26,13 @@ Bounds and why nothing wedges:
 
 - Every consumer is heard from at least every few seconds while it waits (the client
   resends outstanding fetches after silence), so one silent for ``consumer_timeout``
-  is forgotten with its fetches. A resend of a pending key is a no-op. The tables are
-  bounded, and strangers cannot crowd a rank out of them:
+  is forgotten with its fetches. A resend of a pending key is a no-op, and so is a
+  resend that crosses its answer: a fetch for a key the same consumer was answered
+  less than ``RESEND_WINDOW`` seconds before (one of its last ``RECENT_ANSWERS``) is
+  dropped and counted (``resends_dropped``), so it neither replays a window nor counts
+  a batch twice. Later than that, the answer may have been lost with a connection:
+  the fetch is served again, by a replay. The tables are bounded, and strangers cannot
+  crowd a rank out of them:
 
   - at most ``MAX_PENDING_PER_CONSUMER`` keys per consumer, ``MAX_PENDING`` in all.
     Past that, the consumer holding the *most* keys is forgotten first (the least
@@ -87,6 +92,11 @@ FAIR_SHARE = MAX_PENDING // MAX_CONSUMERS
 MAX_WORLD_SIZE = 1 << 16
 #: Largest epoch or batch index a fetch may name (keeps every key a small integer).
 MAX_KEY = 1 << 48
+#: Answers a consumer's resend may cross: keys answered to it within RESEND_WINDOW
+#: seconds, at most RECENT_ANSWERS of them (a client resends at most its ``prefetch``
+#: outstanding fetches, 4 by default, after 5 s of silence).
+RECENT_ANSWERS = FAIR_SHARE
+RESEND_WINDOW = 10.0
 
 
 def rank_share(total: int, world_size: int, tail: str) -> int:
@@ -117,6 +127,9 @@ class Consumer:
     # Epoch -> base of the rank's share in it (an elastic resume; 0 when absent).
     bases: dict[int, int] = dataclasses.field(default_factory=dict)
     served: bool = False  # it was answered a batch: a rank at work, not a stranger
+    # Key -> when it was answered, the last RECENT_ANSWERS (oldest first): a fetch for
+    # one of them is a resend that crossed its answer.
+    recent: dict[Key, float] = dataclasses.field(default_factory=dict)
 
     def floor(self) -> Key | None:
         """The lowest key it may still ask for (None: it asked for nothing live)."""
@@ -134,15 +147,24 @@ class Consumer:
         per_rank = rank_share(max(0, total - base), self.world_size, tail)
         return per_rank, base + per_rank * self.world_size
 
-    def answered(self, key: Key) -> float | None:
-        """``key`` was sent to it: forget the key; returns when it was asked for (None:
-        it was not pending)."""
+    def answered(self, key: Key, now: float) -> float | None:
+        """``key`` was sent to it at ``now``: forget the key; returns when it was asked
+        for (None: it was not pending)."""
         self.served = True
+        self.recent.pop(key, None)
+        self.recent[key] = now
+        if len(self.recent) > RECENT_ANSWERS:
+            del self.recent[next(iter(self.recent))]
         asked = self.pending.pop(key, None)
         nxt = (key[0], key[1] + self.world_size)
         if self.after is None or nxt > self.after:
             self.after = nxt
         return asked
+
+    def resent(self, key: Key, now: float) -> bool:
+        """Whether a fetch for ``key`` now is a resend that crossed its answer."""
+        at = self.recent.get(key)
+        return at is not None and now - at < RESEND_WINDOW
 
 
 class Delivery:
@@ -225,8 +247,14 @@ class Delivery:
             if consumer is not None:
                 self._forget_consumer(identity)
             consumer = Consumer(rank=rank, world_size=world, last_heard=now)
-        fresh = [(epoch, index + k * world) for k in range(count)]
-        fresh = [key for key in fresh if key not in consumer.pending]
+        asked = [(epoch, index + k * world) for k in range(count)]
+        fresh = [key for key in asked if key not in consumer.pending]
+        crossed = [key for key in fresh if consumer.resent(key, now)]
+        if crossed:
+            # Its answers were on the way when it asked again: nothing to do, nothing
+            # to replay or count twice.
+            self.counters.add("resends_dropped", len(crossed))
+            fresh = [key for key in fresh if key not in crossed]
         if len(consumer.pending) + len(fresh) > MAX_PENDING_PER_CONSUMER:
             raise ProtocolError(
                 f"more than {MAX_PENDING_PER_CONSUMER} fetches outstanding from one consumer"
@@ -340,7 +368,7 @@ class Delivery:
         if self.send(identity, "batch", fields, self._filler_arrays):
             self.counters.add("fillers_served")
             self._unpend(identity, key)
-            self._observe(consumer.answered(key))
+            self._observe(consumer.answered(key, self.now))
         else:
             self._forget_consumer(identity)
 
@@ -367,7 +395,7 @@ class Delivery:
                 if delivered_to is None:
                     delivered_to = consumer.rank
                 self._unpend(identity, key)
-                self._observe(consumer.answered(key))
+                self._observe(consumer.answered(key, self.now))
             else:
                 self._forget_consumer(identity)
         if delivered_to is not None:

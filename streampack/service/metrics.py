@@ -94,6 +94,10 @@ PRODUCER_COUNTERS: dict[str, tuple[str, str]] = {
         "Replayed batches no consumer can still ask for, dropped",
     ),
     "rewinds": ("streampack_rewinds", "Replays from an earlier window for a resuming consumer"),
+    "resends_dropped": (
+        "streampack_resends_dropped",
+        "Fetches for batches just answered to the same consumer (a resend crossing its answer)",
+    ),
     "documents_split": (
         "streampack_documents_split",
         "Long documents cut into ranges (long_documents = split)",
@@ -105,6 +109,14 @@ PRODUCER_COUNTERS: dict[str, tuple[str, str]] = {
     "ranges_unsupervised": (
         "streampack_ranges_unsupervised",
         "Ranges of split documents with no supervised target, dropped",
+    ),
+    "bytes_sent_to_workers": (
+        "streampack_bytes_sent_to_workers",
+        "Bytes of the messages the producer sent to workers (headers and frames)",
+    ),
+    "bytes_sent_to_consumers": (
+        "streampack_bytes_sent_to_consumers",
+        "Bytes of the messages the producer sent to consumers (headers and frames)",
     ),
     "audited": ("streampack_batches_audited", "Batches audited by workers"),
     "audit_failures": ("streampack_audit_failures", "Audited batches that failed the audit"),

@@ -131,16 +131,16 @@ class Producer:
         socket = self._sockets.get(which)
         if socket is None:
             return False
+        frames = wire.encode(kind, fields, arrays)
         try:
-            socket.send_multipart(
-                [identity, *wire.encode(kind, fields, arrays)], flags=zmq.NOBLOCK, copy=False
-            )
+            socket.send_multipart([identity, *frames], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
             if exc.errno == errno.EHOSTUNREACH:
                 return False
             raise
+        self.coordinator.counters.add(f"bytes_sent_to_{which}", sum(len(f) for f in frames))
         return True
 
     def snapshot(self) -> dict[str, Any]:
@@ -162,7 +162,6 @@ class Producer:
         """Serve until ``stop()``. ``local_worker_endpoint`` (e.g. an ``ipc://`` path) is
         bound for workers in addition to the configured one: ``serve`` connects its own
         workers there, off the TCP stack."""
-        warm_up_kernels()  # the contract's plans need the planning kernels
         metrics_server = None
         if self.settings.metrics_port is not None:
             from .metrics import MetricsServer, ProducerMetrics
@@ -201,6 +200,10 @@ class Producer:
             self.log(f"producer: serving workers on {worker_at} and consumers on {consumer_at}")
             if ready_callback is not None:
                 ready_callback(worker_at, consumer_at)
+            # The contract's plans need the planning kernels. Loaded once the endpoints
+            # are bound (a port in use fails at once) and after ``serve`` started its
+            # workers, which load theirs meanwhile: the first batch comes that much sooner.
+            warm_up_kernels()
             self._loop(workers, consumers)
         finally:
             self.serving = False

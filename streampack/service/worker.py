@@ -6,7 +6,7 @@ A worker connects a DEALER socket to the producer's worker endpoint and loops::
     send ready{credit: prefetch, needs_tokens: auditing}
     repeat:
         window{epoch, window, binding, config, with_tokens} + frames
-            -> plan_ranges(ranges, PackConfig(**config))       (validated)
+            -> plan_ranges(ranges, PackConfig.from_wire(config))  (validated)
                or, with tokens, plan_compact(Examples, binding, config), then audits
             -> packed{epoch, window, capacity, seconds, audit...} + the plans of all
                its batches (occurrence records + records per batch), one message
@@ -45,13 +45,6 @@ from ..settings import WorkerSettings, add_flags, from_args
 from .plan_check import ranges_plan
 
 logger = logging.getLogger(__name__)
-
-
-def pack_config_from_wire(config: dict[str, Any]) -> PackConfig:
-    try:
-        return PackConfig(**config)
-    except TypeError as exc:
-        raise wire.ProtocolError(f"window config {config!r} is malformed: {exc}") from None
 
 
 def _warm_up(audit: Any = None) -> str:
@@ -132,7 +125,7 @@ class Worker:
         arrays = message.arrays
         try:
             binding = wire.binding_from_wire(fields["binding"])
-            config = pack_config_from_wire(fields["config"])
+            config = PackConfig.from_wire(fields["config"])
             if fields["with_tokens"]:
                 examples = wire.window_examples(arrays)
                 occurrences, sizes = plan_compact(examples, binding, config)

@@ -209,10 +209,10 @@ def wrong_world_fetch(world_size: int) -> Callable[[Peer], None]:
 
 def _plan(window: wire.Message) -> tuple[np.ndarray, np.ndarray]:
     """The window's true plan, as an honest worker computes it."""
+    from streampack.config import PackConfig
     from streampack.service.plan_check import ranges_plan
-    from streampack.service.worker import pack_config_from_wire
 
-    return ranges_plan(window.arrays, pack_config_from_wire(window.fields["config"]))
+    return ranges_plan(window.arrays, PackConfig.from_wire(window.fields["config"]))
 
 
 def _packed(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
 import urllib.request
 from pathlib import Path
@@ -193,7 +194,8 @@ def test_scraped_metrics_agree_with_the_consumers_and_the_quarantine_file(tmp_pa
         )
     want = expected(tmp_path, 1, 2)["list"][1]  # (epoch, index, digest) of rank 1's 2nd
     assert want[:2] == (0, 3) and load_batch(saved).digest() == want[2]
-    # What the consumers received.
+    # What the consumers received, and the CPU they spent on it (within their run).
+    assert all(0 < o["cpu_seconds"] < o["seconds"] * (os.cpu_count() or 1) for o in outputs)
     batches = sum(o["batches"] - o["fillers"] for o in outputs)
     assert value(producer, "streampack_batches_served_total") == batches == health["batches_served"]
     assert value(producer, "streampack_fillers_served_total") == sum(o["fillers"] for o in outputs)
@@ -260,6 +262,11 @@ def test_the_client_counts_what_it_yielded_and_how_long_it_waited():
     assert 1 <= counters["waits"] <= counters["batches"]
     assert 0 < counters["seconds_blocked"] < wall
     assert counters["bytes_received"] > 0
+    # The producer counts what its sockets took: every batch's bytes, plus the headers
+    # (and the health answers) around them.
+    sent = served["bytes_sent_to_consumers"]
+    assert counters["bytes_received"] < sent < counters["bytes_received"] + 4096 * (len(got) + 16)
+    assert served["bytes_sent_to_workers"] > 0
     for key, name in (
         ("batches", "streampack_client_batches_total"),
         ("waits", "streampack_client_waits_total"),
@@ -440,3 +447,52 @@ def test_rank_and_source_counters_agree_with_what_a_masked_mixture_delivered(tmp
     for rank, want in by_rank.items():
         assert value(scraped, "streampack_supervised_targets_served_total", rank=rank) == want
     assert sum(by_rank.values()) == health["supervised_targets_served"] == sum(packed.values())
+
+
+@pytest.mark.slow
+def test_counters_equal_what_the_ranks_read_when_the_workers_start_after_them(monkeypatch):
+    """Ranks that wait more than the client's resend delay for the first batch (the
+    workers start 6 s after them) resend their fetches; a resend crossing its answer
+    must cost nothing: the counters are what the ranks read, batch for batch, document
+    for document, and every rank's stream is digest's."""
+    import threading
+    import time
+
+    from _service import drain, stream_digest
+
+    from streampack import client
+
+    settings = {"shuffle": True, "seed": 5, "epochs": 2}
+    world = 3
+    # The ranks run in this process: resending after 10 ms of silence instead of 5 s
+    # makes resends that cross their answers frequent, not a matter of luck.
+    monkeypatch.setattr(client, "RESEND_AFTER", 0.01)
+    with Service(FIXTURE, **settings) as service:
+        received: dict[int, list] = {rank: [] for rank in range(world)}
+        threads = [
+            threading.Thread(target=drain, args=(service.consumer_endpoint, rank, world, items))
+            for rank, items in received.items()
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(6.0)
+        service.add_worker()
+        service.add_worker()
+        for thread in threads:
+            thread.join(timeout=120)
+        counted = service.stats()
+    batches = fillers = tokens = 0
+    documents: collections.Counter[str] = collections.Counter()
+    for rank, items in received.items():
+        want = expected(FIXTURE, rank, world, **settings)
+        assert stream_digest(items) == (want["digest"], want["batches"]), rank
+        for _, batch in items:
+            fillers += int(batch.filler)
+            batches += int(not batch.filler)
+            occ = batch.occurrences
+            tokens += int((occ["stop"] - occ["start"]).sum())
+            documents.update(str(s) for s in batch.sources.tolist())
+    assert counted["rewinds"] == 0, counted
+    assert (counted["batches_served"], counted["fillers_served"]) == (batches, fillers)
+    assert counted["tokens_served"] == tokens
+    assert counted["documents_served_by_source"] == dict(documents)

@@ -22,6 +22,7 @@ from streampack.service.delivery import (
     MAX_CONSUMERS,
     MAX_PENDING,
     MAX_PENDING_PER_CONSUMER,
+    RESEND_WINDOW,
     rank_share,
 )
 from streampack.service.pipeline import BACKUP_P95_FACTOR, RECENT_WINDOWS
@@ -99,6 +100,38 @@ def test_resent_fetches_are_deduplicated():
     for _ in range(100):
         harness.fetch(b"c", 0, 2, 5, 0, count=4)
     assert harness.counters["pending_fetches"] == 4
+
+
+def test_a_resend_crossing_its_answer_costs_nothing(want_w1):
+    """Item 5 of the data-plane issue: a client resends its outstanding fetches after
+    silence; read after they were answered, they must neither replay a window nor count
+    a batch twice. A stranger's fetch for the same batch still replays, and so does the
+    same consumer's once RESEND_WINDOW has passed (its answer may have been lost)."""
+    harness = Harness()
+    harness.fetch(b"c", 0, 1, 0, 0, count=4)
+    harness.step(6.0)  # no worker yet: the client's resend is read while still pending
+    harness.fetch(b"c", 0, 1, 0, 0, count=4)
+    harness.join(b"w1")
+    harness.work(b"w1")
+    got = harness.batches(b"c")
+    assert got == want_w1[:4]
+    served = harness.counters["batches_served"]
+    for index in range(4):  # the resends that crossed those answers
+        harness.fetch(b"c", 0, 1, 0, index)
+    harness.work(b"w1")
+    assert harness.batches(b"c") == []
+    counters = harness.counters
+    assert (counters["rewinds"], counters["batches_served"]) == (0, served)
+    assert counters["resends_dropped"] == 4
+    harness.fetch(b"stranger", 0, 1, 0, 0)
+    harness.work(b"w1")
+    assert harness.batches(b"stranger") == want_w1[:1]
+    assert harness.counters["rewinds"] == 1
+    harness.step(RESEND_WINDOW)
+    harness.fetch(b"c", 0, 1, 0, 1)
+    harness.work(b"w1")
+    assert harness.batches(b"c") == want_w1[1:2]
+    assert harness.counters["batches_served"] == served + 2
 
 
 def test_pending_fetches_are_bounded_and_expire(want_w1):
@@ -718,7 +751,6 @@ def test_newcomers_displace_strangers_before_a_rank_that_was_answered(want_w1):
     consumers = harness.coordinator.delivery.consumers
     assert len(consumers) == MAX_CONSUMERS and b"rank" in consumers
     assert b"n%d" % (MAX_CONSUMERS + 199) in consumers  # a newcomer is never refused
-    harness.take(b"rank")
     assert harness.drain(b"rank", 0, 1, index=4) == want_w1[4:]
 
 

@@ -169,8 +169,8 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
     document, change a range, rewrite the ``doc`` column or are well-formed but not
     next-fit are refused with an error reply and counted, the window goes to another
     worker, and the consumer receives exactly the stream of an undisturbed run."""
+    from streampack.config import PackConfig
     from streampack.packing import plan_compact, warm_up_kernels
-    from streampack.service.worker import pack_config_from_wire
     from streampack.wire import window_examples
 
     warm_up_kernels()  # the rogue never heartbeats: let it answer quickly
@@ -191,7 +191,7 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
                 occurrences, sizes = plan_compact(
                     window_examples(window.arrays),
                     wire.binding_from_wire(window.fields["binding"]),
-                    pack_config_from_wire(window.fields["config"]),
+                    PackConfig.from_wire(window.fields["config"]),
                 )
                 shifted = occurrences.copy()
                 shifted["ordinal"] += 1
@@ -242,8 +242,8 @@ def test_worker_plans_that_are_not_their_window_are_refused_and_the_window_reiss
 def test_a_worker_rejects_malformed_windows_and_keeps_packing():
     """Property 6 for the worker's socket: this test plays the producer. A window sent
     without its tokens is planned from its ranges exactly as ``plan_compact`` plans it."""
+    from streampack.config import PackConfig
     from streampack.packing import plan_compact
-    from streampack.service.worker import pack_config_from_wire
     from streampack.wire import window_examples
 
     context = zmq.Context()
@@ -286,7 +286,7 @@ def test_a_worker_rejects_malformed_windows_and_keeps_packing():
         occurrences, sizes = plan_compact(
             window_examples(window.arrays()),
             wire.binding_from_wire(fields["binding"]),
-            pack_config_from_wire(fields["config"]),
+            PackConfig.from_wire(fields["config"]),
         )
         np.testing.assert_array_equal(packed.arrays["occurrences"], occurrences)
         np.testing.assert_array_equal(packed.arrays["batch_sizes"], sizes)

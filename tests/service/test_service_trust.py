@@ -59,8 +59,8 @@ class FakeWorker(threading.Thread):
         self.taken = 0
 
     def run(self) -> None:
+        from streampack.config import PackConfig
         from streampack.service.plan_check import ranges_plan
-        from streampack.service.worker import pack_config_from_wire
 
         self.peer.send("ready", {"credit": self.credit, "needs_tokens": False})
         due: list[tuple[float, wire.Message]] = []
@@ -73,7 +73,7 @@ class FakeWorker(threading.Thread):
             while due and due[0][0] <= now:
                 _, window = due.pop(0)
                 occurrences, sizes = ranges_plan(
-                    window.arrays, pack_config_from_wire(window.fields["config"])
+                    window.arrays, PackConfig.from_wire(window.fields["config"])
                 )
                 fields = {
                     "epoch": window.fields["epoch"],

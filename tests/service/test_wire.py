@@ -14,6 +14,7 @@ from streampack import (
     CompactBatch,
     Examples,
     InvalidArray,
+    InvalidConfig,
     PackConfig,
     ProtocolError,
     pack_compact,
@@ -451,6 +452,24 @@ def test_a_batch_header_with_an_unknown_policy_is_refused():
     )
     with pytest.raises(ProtocolError, match="policy 'first_fit'; accepted: 'next_fit'"):
         wire.batch_from_message(wire.decode(frames))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        PackConfig(capacity=256, max_rows_per_batch=4),
+        PackConfig(
+            capacity=64, max_rows_per_batch=3, max_cells=128, policy="best_fit", open_rows=5
+        ),
+    ],
+)
+def test_a_pack_config_travels_whole_in_a_window_header(config):
+    header = msgpack.unpackb(msgpack.packb(config.to_wire()))  # as the header carries it
+    assert PackConfig.from_wire(header) == config
+    with pytest.raises(ProtocolError, match="window config .* is malformed"):
+        PackConfig.from_wire(header | {"rows": 4})
+    with pytest.raises(InvalidConfig, match="open_rows"):
+        PackConfig.from_wire(header | {"policy": "next_fit", "open_rows": 5})
 
 
 # -- version 7: the supervision mask travels with the tokens it marks -------------------
