@@ -52,11 +52,11 @@ def fingerprint(arguments: dict) -> str:
 def training_arguments(config: dict, sft: bool) -> transformers.TrainingArguments:
     """SGD at a constant rate, no clipping: the hand loop reproduces it exactly, and an
     error in the loss's scale shows in the parameters (Adam would hide it)."""
-    kind = transformers.TrainingArguments
+    kind, extra = transformers.TrainingArguments, {}
     if sft:
         import trl
 
-        kind = trl.SFTConfig
+        kind, extra = trl.SFTConfig, {"bf16": False}  # SFTConfig's default is bf16 autocast
     return kind(
         output_dir=config["output_dir"],
         max_steps=config["max_steps"],
@@ -75,6 +75,7 @@ def training_arguments(config: dict, sft: bool) -> transformers.TrainingArgument
         seed=0,
         disable_tqdm=True,
         dataloader_pin_memory=False,
+        **extra,
     )
 
 

@@ -173,3 +173,48 @@ def test_a_2_rank_checkpoint_resumes_on_1_process_with_the_batches_no_rank_train
     assert json.loads((checkpoint / STATE_FILE).read_text())["ranks"] == [
         {"epoch": 0, "index": 8 + r, "base": 0, "rank": r, "world_size": WORLD} for r in range(WORLD)
     ]
+
+
+def test_sft_trainer_on_a_masked_chat_corpus_trains_only_the_responses_as_the_hand_loop(
+    tmp_path,
+):
+    pytest.importorskip("trl", reason="the sft extra is not installed")
+    from _chat import CONVERSATIONS, make_tokenizer_dir
+    from _service import Service, command
+
+    tokenizer = make_tokenizer_dir(tmp_path / "tokenizer")
+    (tmp_path / "chat.jsonl").write_text(
+        "".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS * 40)
+    )
+    build = [
+        *("corpus", "build", "--from", str(tmp_path / "chat.jsonl"), "--format", "messages"),
+        *("--tokenizer", str(tokenizer), "--out", str(tmp_path / "corpus")),
+    ]
+    done = subprocess.run(command(*build), cwd=ROOT, env=env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
+    steps = 2
+    shapes = {"capacity": 128, "max_rows_per_batch": 2, "epochs": 1}
+    with Service(tmp_path / "corpus", serve_workers=1, accumulation=ACCUMULATION, **shapes) as service:
+        config = {
+            "kind": "sft",
+            "endpoint": service.consumer_endpoint,
+            "vocab": manifest["binding"]["vocab_size"],
+            "tokenizer": str(tokenizer),
+            "max_steps": steps,
+            "output_dir": str(tmp_path / "run"),
+        }
+        done = torchrun(config, WORLD, tmp_path / "sft")
+        assert done.returncode == 0, done.stderr[-3000:]
+        batches = global_batches(service.settings, steps * WORLD * ACCUMULATION)
+    for rank in range(WORLD):
+        assert_trained(records(tmp_path / "sft", rank), batches[rank::WORLD])
+    # Only the assistant's tokens are trained: the prompts are context (labels -100).
+    for batch in batches:
+        assert 0 < int(batch.loss_mask.sum()) < int(batch.target_valid.sum())
+    per_step = WORLD * ACCUMULATION
+    losses, parameters = hand_loop([batches[s * per_step : (s + 1) * per_step] for s in range(steps)])
+    final = torch.load(tmp_path / "sft" / "final.pt")
+    assert final["losses"] == pytest.approx(losses, rel=1e-6)
+    # TRL's fused LM head scores the tokens in float32 (the model is float64).
+    assert_parameters_equal(final["parameters"], parameters, 1e-6)
