@@ -87,16 +87,18 @@ def _check_reader() -> None:
     nothing else tells a dataset who reads it."""
     if torch.utils.data.get_worker_info() is not None:
         raise InvalidConfig(_WORKERS)
+    frames = []
     frame = sys._getframe(2)
-    for _ in range(_CALLERS):
-        if frame is None:
-            return
-        if frame.f_globals.get("__name__") == "accelerate.data_loader":
-            raise InvalidConfig(_ACCELERATE)
+    while frame is not None and len(frames) < _CALLERS:
+        frames.append(frame)
+        frame = frame.f_back
+    # accelerate's loaders collate too: name the wrapper, the cause to fix first.
+    if any(f.f_globals.get("__name__") == "accelerate.data_loader" for f in frames):
+        raise InvalidConfig(_ACCELERATE)
+    for frame in frames:
         reader = frame.f_locals.get("self")
         if isinstance(reader, _BaseDatasetFetcher) and reader.auto_collation:
             raise InvalidConfig(_COLLATED.format(size=_batch_size(frame)))
-        frame = frame.f_back
 
 
 def _batch_size(frame: Any) -> object:
