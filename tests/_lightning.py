@@ -28,7 +28,10 @@ class Model(pl.LightningModule):
 
     def training_step(self, batch, index):
         with (self.out / f"rank{self.global_rank}.jsonl").open("a") as log:
-            fields = {"fingerprint": fingerprint(batch), "num_items_in_batch": batch["num_items_in_batch"]}
+            fields = {
+                "fingerprint": fingerprint(batch),
+                "num_items_in_batch": batch["num_items_in_batch"],
+            }
             log.write(json.dumps(fields) + "\n")
         return self.trainer.datamodule.scale_loss(self.model(**batch).loss)
 

@@ -189,7 +189,12 @@ class StreamTrainerMixin:
                 json.dump({"format": STATE_FORMAT, "version": 1, "ranks": states}, handle)
         super()._save_checkpoint(model, trial)  # type: ignore[misc]
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ) -> Any:
         """``Trainer.train``; a checkpoint resumed from gives the stream its cursor."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
@@ -200,7 +205,11 @@ class StreamTrainerMixin:
                 )
         if isinstance(resume_from_checkpoint, str):
             self.train_dataset.load_state_dict(load_stream_state(resume_from_checkpoint))
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)  # type: ignore[misc]
+        return super().train(  # type: ignore[misc]
+            resume_from_checkpoint=resume_from_checkpoint,
+            trial=trial,
+            ignore_keys_for_eval=ignore_keys_for_eval,
+        )
 
 
 def load_stream_state(checkpoint: str) -> Any:
@@ -228,7 +237,7 @@ class StreamTrainer(StreamTrainerMixin, transformers.Trainer):
 
 def _sft_trainer() -> type:
     try:
-        import datasets
+        import datasets  # type: ignore[import-untyped]
         import trl
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise StreampackError(

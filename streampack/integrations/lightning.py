@@ -101,6 +101,13 @@ class StreamDataModule(pl.LightningDataModule):
         self._step_targets: int | None = None
 
     @property
+    def fitting(self) -> pl.Trainer:
+        """The Trainer this module is attached to (by ``Trainer.fit``)."""
+        if self.trainer is None:
+            raise InvalidConfig("the StreamDataModule is used by Trainer.fit(datamodule=...)")
+        return self.trainer
+
+    @property
     def stream(self) -> BatchStream:
         if self.dataset is None:
             raise InvalidConfig(
@@ -112,8 +119,8 @@ class StreamDataModule(pl.LightningDataModule):
         if self.dataset is None:
             stream = BatchStream(
                 self.endpoint,
-                rank=self.trainer.global_rank,
-                world_size=self.trainer.world_size,
+                rank=self.fitting.global_rank,
+                world_size=self.fitting.world_size,
                 **self._stream_arguments,
             )
             self.dataset = StreamDataset(stream, **self._to_hf)
@@ -128,7 +135,7 @@ class StreamDataModule(pl.LightningDataModule):
         if not isinstance(batch, _Tagged):
             return batch
         cursor, item = batch
-        accumulate = self.trainer.accumulate_grad_batches
+        accumulate = self.fitting.accumulate_grad_batches
         targets = int(item["num_items_in_batch"])
         if self._micro % accumulate and targets != self._step_targets:
             raise InvalidConfig(
@@ -144,7 +151,7 @@ class StreamDataModule(pl.LightningDataModule):
     def scale_loss(self, loss: Any) -> Any:
         """``loss`` (a batch's NLL sum / its step's targets) times the world size and
         ``accumulate_grad_batches``, which DDP's mean and Lightning divide out again."""
-        return loss * self.trainer.world_size * self.trainer.accumulate_grad_batches
+        return loss * self.fitting.world_size * self.fitting.accumulate_grad_batches
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's cursor after its last batch trained (a collective: Lightning

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType
 from typing import Any
 
 from streampack.batch import PackedBatch
@@ -53,7 +54,8 @@ try:
     from torch.utils.data._utils.fetch import _BaseDatasetFetcher
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise StreampackError(
-        "streampack.integrations.torch needs PyTorch; install it with: pip install 'streampack[torch]'"
+        "streampack.integrations.torch needs PyTorch; install it with: "
+        "pip install 'streampack[torch]'"
     ) from error
 
 #: How far up the call stack ``__iter__`` looks for the loader that is reading it.
@@ -87,8 +89,8 @@ def _check_reader() -> None:
     nothing else tells a dataset who reads it."""
     if torch.utils.data.get_worker_info() is not None:
         raise InvalidConfig(_WORKERS)
-    frames = []
-    frame = sys._getframe(2)
+    frames: list[FrameType] = []
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and len(frames) < _CALLERS:
         frames.append(frame)
         frame = frame.f_back

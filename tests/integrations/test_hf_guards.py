@@ -60,9 +60,7 @@ def test_trainer_settings_that_would_break_the_stream_are_refused(tmp_path, chan
 def test_a_stream_of_another_rank_a_bare_stream_and_a_countless_model_are_refused(tmp_path):
     args = arguments(tmp_path)
     with pytest.raises(sp.InvalidConfig, match="the stream is rank 1 of 2, but this process is 0"):
-        StreamTrainer(
-            model=tiny_llama(512), args=args, train_dataset=dataset(rank=1, world_size=2)
-        )
+        StreamTrainer(model=tiny_llama(512), args=args, train_dataset=dataset(rank=1, world_size=2))
     with pytest.raises(sp.InvalidConfig, match="train_dataset=BatchStream: StreamTrainer trains"):
         StreamTrainer(model=tiny_llama(512), args=args, train_dataset=dataset().stream)
 
@@ -100,7 +98,9 @@ def test_a_step_count_other_than_the_streams_is_refused(service, tmp_path):
 
 
 def test_a_checkpoint_without_the_streams_state_is_refused(tmp_path):
-    trainer = StreamTrainer(model=tiny_llama(512), args=arguments(tmp_path), train_dataset=dataset())
+    trainer = StreamTrainer(
+        model=tiny_llama(512), args=arguments(tmp_path), train_dataset=dataset()
+    )
     folder = tmp_path / "run" / "checkpoint-3"
     folder.mkdir(parents=True)
     with pytest.raises(sp.InvalidConfig, match="checkpoint-3 has no streampack_stream.json"):

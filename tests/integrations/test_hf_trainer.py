@@ -148,9 +148,7 @@ def test_trainer_on_2_ranks_killed_and_resumed_trains_the_stream_exactly_once(se
     assert_parameters_equal(final["parameters"], parameters, 1e-10)
 
 
-def test_a_2_rank_checkpoint_resumes_on_1_process_with_the_batches_no_rank_trained(
-    service, killed
-):
+def test_a_2_rank_checkpoint_resumes_on_1_process_with_the_batches_no_rank_trained(service, killed):
     folder, base = killed
     checkpoint = folder / "run" / "checkpoint-2"
     before = service.stats()["batches_served"]
@@ -171,7 +169,8 @@ def test_a_2_rank_checkpoint_resumes_on_1_process_with_the_batches_no_rank_train
     assert final["losses"] == pytest.approx(losses, rel=1e-6)
     assert_parameters_equal(final["parameters"], parameters, 1e-10)
     assert json.loads((checkpoint / STATE_FILE).read_text())["ranks"] == [
-        {"epoch": 0, "index": 8 + r, "base": 0, "rank": r, "world_size": WORLD} for r in range(WORLD)
+        {"epoch": 0, "index": 8 + r, "base": 0, "rank": r, "world_size": WORLD}
+        for r in range(WORLD)
     ]
 
 
@@ -195,7 +194,9 @@ def test_sft_trainer_on_a_masked_chat_corpus_trains_only_the_responses_as_the_ha
     manifest = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
     steps = 2
     shapes = {"capacity": 128, "max_rows_per_batch": 2, "epochs": 1}
-    with Service(tmp_path / "corpus", serve_workers=1, accumulation=ACCUMULATION, **shapes) as service:
+    with Service(
+        tmp_path / "corpus", serve_workers=1, accumulation=ACCUMULATION, **shapes
+    ) as service:
         config = {
             "kind": "sft",
             "endpoint": service.consumer_endpoint,
@@ -213,7 +214,9 @@ def test_sft_trainer_on_a_masked_chat_corpus_trains_only_the_responses_as_the_ha
     for batch in batches:
         assert 0 < int(batch.loss_mask.sum()) < int(batch.target_valid.sum())
     per_step = WORLD * ACCUMULATION
-    losses, parameters = hand_loop([batches[s * per_step : (s + 1) * per_step] for s in range(steps)])
+    losses, parameters = hand_loop(
+        [batches[s * per_step : (s + 1) * per_step] for s in range(steps)]
+    )
     final = torch.load(tmp_path / "sft" / "final.pt")
     assert final["losses"] == pytest.approx(losses, rel=1e-6)
     # TRL's fused LM head scores the tokens in float32 (the model is float64).

@@ -39,7 +39,9 @@ def test_a_stateful_dataloader_resumes_the_stream_at_its_cursor_without_replayin
 def test_a_dataloader_that_collates_or_copies_the_stream_is_refused():
     stream = sp.BatchStream("tcp://127.0.0.1:9", rank=0, world_size=1, timeout=5)
     dataset = StreamDataset(stream, pad_id=0)
-    with pytest.raises(sp.InvalidConfig, match="a DataLoader with batch_size=1 is reading a StreamDataset"):
+    with pytest.raises(
+        sp.InvalidConfig, match="a DataLoader with batch_size=1 is reading a StreamDataset"
+    ):
         next(iter(torch.utils.data.DataLoader(dataset)))
     with pytest.raises(sp.InvalidConfig, match="with num_workers > 0 every worker reads"):
         next(iter(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1)))
