@@ -19,6 +19,7 @@ pytest.importorskip("accelerate", reason="the hf extra is not installed")
 
 from _service import ROOT, env, free_port  # noqa: E402
 from _trainers import fingerprint, tiny_llama  # noqa: E402
+from test_readme_trainers import readme_block, run_block  # noqa: E402
 
 from streampack.client import resume_cursor  # noqa: E402
 from streampack.integrations.hf import STATE_FILE, load_stream_state  # noqa: E402
@@ -175,13 +176,14 @@ def test_a_2_rank_checkpoint_resumes_on_1_process_with_the_batches_no_rank_train
 
 
 def test_sft_trainer_on_a_masked_chat_corpus_trains_only_the_responses_as_the_hand_loop(
-    tmp_path,
+    tmp_path, monkeypatch
 ):
+    """Also runs the README's SFTTrainer block on one rank, against the same service."""
     pytest.importorskip("trl", reason="the sft extra is not installed")
     from _chat import CONVERSATIONS, make_tokenizer_dir
     from _service import Service, command
 
-    tokenizer = make_tokenizer_dir(tmp_path / "tokenizer")
+    tokenizer = make_tokenizer_dir(tmp_path / "my-tokenizer")
     (tmp_path / "chat.jsonl").write_text(
         "".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS * 40)
     )
@@ -208,6 +210,9 @@ def test_sft_trainer_on_a_masked_chat_corpus_trains_only_the_responses_as_the_ha
         done = torchrun(config, WORLD, tmp_path / "sft")
         assert done.returncode == 0, done.stderr[-3000:]
         batches = global_batches(service.settings, steps * WORLD * ACCUMULATION)
+        monkeypatch.chdir(tmp_path)
+        readme = run_block(readme_block("sft", service.consumer_endpoint), "sft")
+        assert readme["trainer"].state.global_step == steps
     for rank in range(WORLD):
         assert_trained(records(tmp_path / "sft", rank), batches[rank::WORLD])
     # Only the assistant's tokens are trained: the prompts are context (labels -100).
