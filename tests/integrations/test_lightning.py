@@ -51,3 +51,49 @@ def test_lightning_ddp_on_2_cpu_devices_trains_one_epoch_of_each_ranks_stream(se
     steps = [batches[s : s + span] for s in range(0, len(batches), span)]
     _, parameters = hand_loop(steps)
     assert_parameters_equal(torch.load(tmp_path / "final.pt")["parameters"], parameters, 1e-10)
+
+
+def test_a_lightning_checkpoint_resumes_the_stream_after_the_last_batch_trained(service, tmp_path):
+    """One device, in this process: a run checkpointed at step 2 and resumed from that
+    checkpoint trains every batch once. Lightning's loop had fetched a batch ahead when
+    it saved; the data module's cursor is the batch trained, not the one fetched."""
+    import pytorch_lightning as pl
+    from _trainers import fingerprint, tiny_llama
+
+    from streampack.integrations.lightning import StreamDataModule
+
+    trained = []
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = tiny_llama(512)
+
+        def training_step(self, batch, index):
+            trained.append(fingerprint(batch))
+            return self.trainer.datamodule.scale_loss(self.model(**batch).loss)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.5)
+
+    def fit(steps: int, **kwargs) -> None:
+        every = pl.callbacks.ModelCheckpoint(tmp_path, every_n_train_steps=2, save_top_k=-1)
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_steps=steps,
+            accumulate_grad_batches=ACCUMULATION,
+            callbacks=[every],
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        data = StreamDataModule(service.consumer_endpoint, pad_id=0, timeout=120, prefetch=1)
+        trainer.fit(Model(), datamodule=data, **kwargs)
+
+    fit(3)  # trains step 3 too, then stops: its batches are lost work, trained again below
+    assert len(trained) == 3 * ACCUMULATION
+    del trained[2 * ACCUMULATION :]
+    fit(4, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"))
+    want = oracle(service.settings, 0, 1, count=4 * ACCUMULATION)
+    assert trained == [fingerprint(b.to_hf(pad_id=0)) for b in want]
