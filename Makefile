@@ -19,7 +19,7 @@ $(TEST_EXTRAS): $(BIN)/streampack
 	# The CPU build of torch first: a bare `torch` requirement would pull a CUDA build of
 	# several GB, where this release is served as a CPU wheel.
 	$(BIN)/pip install --quiet 'torch==2.13.0'
-	$(BIN)/pip install --quiet -e '.[test,cuda,data,hf,plot]'
+	$(BIN)/pip install --quiet -e '.[test,cuda,data,hf,plot,remote,gcs,hub,store]'
 	touch $@
 
 demo: $(BIN)/streampack

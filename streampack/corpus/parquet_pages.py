@@ -23,11 +23,11 @@ read here equals pyarrow's reading of it (``tests/corpus/test_parquet_pages.py``
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from streampack.corpus.storage import CorpusPath, RemoteArray, RemoteFile, Url
 from streampack.kernels import parquet_cpu
 
 _CODECS = {  # Parquet's codec names -> pyarrow's (None: stored as is)
@@ -115,8 +115,9 @@ def read_row_group(
     if start < 0 or end > len(data):
         return None
     rows = handle.metadata.row_group(group).num_rows
+    piece = data[start:end]  # a remote file's: one range read (its errors are not ours)
     try:
-        return _decode(pa, data[start:end], _CODECS[codec], plan, rows, chunk.num_values)
+        return _decode(pa, piece, _CODECS[codec], plan, rows, chunk.num_values)
     except (IndexError, ValueError, TypeError, AttributeError, OSError, pa.ArrowException):
         return None  # _NotReadHere, or a damaged header's field of the wrong kind
 
@@ -319,8 +320,12 @@ class _Thrift:
         self.pos += size
 
 
-def file_bytes(path: Path) -> np.ndarray:
-    """The file's bytes, memory-mapped read-only (an empty file: an empty array)."""
+def file_bytes(path: CorpusPath) -> Any:
+    """The file's bytes, memory-mapped read-only (an empty file: an empty array); a
+    remote file's as a ``storage.RemoteArray`` (each slice a range read)."""
+    if isinstance(path, Url):
+        file = RemoteFile(path, "Parquet file")
+        return RemoteArray(file, 0, np.uint8, file.size)
     if path.stat().st_size == 0:
         return np.zeros(0, np.uint8)
     return np.memmap(path, np.uint8, mode="r")
