@@ -12,6 +12,7 @@ InternalError meanwhile): ``restart`` waits for that, the readers retry through 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ACCESS_KEY = "streampack-test"
@@ -208,3 +210,23 @@ class ObjectStore:
             if path.is_file():
                 fs.put_file(str(path), f"{BUCKET}/{prefix}/{path.relative_to(local).as_posix()}")
         return f"s3://{BUCKET}/{prefix}"
+
+
+@contextlib.contextmanager
+def serving(root: Path) -> Iterator[ObjectStore]:
+    """A started store with the standard AWS variables set to its test identity, both
+    undone afterwards."""
+    env = credentials_env()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    store = ObjectStore(root)
+    store.start()
+    try:
+        yield store
+    finally:
+        store.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,15 +1,26 @@
 """Shared by the readers and the build: file checks (regular files only, names kept
-inside the corpus; a URL's through :mod:`.storage`) and the cores this process may use."""
+inside the corpus; a URL's through :mod:`.storage`), a file's SHA-256 and the cores
+this process may use."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
 from typing import overload
 
-from streampack.corpus.storage import CorpusPath, Url, inside_url
+from streampack.corpus.storage import CorpusPath, Url, inside_url, open_binary
 from streampack.errors import InvalidConfig
+
+
+def file_sha256(path: CorpusPath) -> str:
+    """The SHA-256 of a file's bytes, local or a store's object."""
+    digest = hashlib.sha256()
+    with open_binary(path, "input file") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def usable_cores() -> int:
