@@ -20,7 +20,7 @@ $(TEST_EXTRAS): $(BIN)/streampack
 	# several GB, where this release is served as a CPU wheel.
 	$(BIN)/pip install --quiet 'torch==2.13.0'
 	# (torch named again: the extras' resolution keeps that build, never another.)
-	$(BIN)/pip install --quiet -e '.[test,cuda,data,hf,sft,lightning,plot]' 'torch==2.13.0'
+	$(BIN)/pip install --quiet -e '.[test,cuda,data,hf,sft,lightning,plot,remote,gcs,hub,store]' 'torch==2.13.0'
 	touch $@
 
 demo: $(BIN)/streampack

@@ -17,11 +17,19 @@ each best of ``--repeats`` rounds, taking turns:
   ``save_to_disk`` (Arrow), with a fresh cache directory each round so nothing is
   reused. Its worker processes are forked, where tokenizers runs one thread each.
 
-Checked (outside the timings): the build and the peer wrote the same tokens, document
-by document. Reported: wall and CPU seconds, documents/s and tokens/s of each, and the build's
-ratios of throughput to each of the others (above 1: the build is faster).
+* ``build_cli`` and ``build_parts``: the build as a ``streampack corpus build`` process
+  on every CPU, and as ``--parts`` processes at once (``--shard I/N``, each pinned to
+  its share of the CPUs, as N machines would run it) followed by ``corpus merge``: on
+  one machine the parts share its CPUs, so this measures what splitting costs (start-up,
+  the merge's hash of the input) more than what N machines gain.
 
-    .venv/bin/python benchmarks/build.py [--documents 20000] [--repeats 2] [--seed 0]
+Checked (outside the timings): the build and the peer wrote the same tokens, document
+by document, and the merged parts the single build's. Reported: wall and CPU seconds,
+documents/s and tokens/s of each, the build's ratios of throughput to each of the
+others (above 1: the build is faster), and ``parts_vs_cli`` (above 1: the parts were
+faster than one process).
+
+    .venv/bin/python benchmarks/build.py [--documents 20000] [--repeats 2] [--seed 0] [--parts 2]
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import os
 import platform
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from streampack.corpus.build import build_corpus
+from streampack.corpus.parts import merge_parts
 
 
 def make_texts(documents: int, seed: int) -> list[str]:
@@ -94,6 +104,42 @@ def encode(tokenizer_path: Path, texts: list[str], method: str) -> int:
 def build(source: Path, tokenizer_path: Path, out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     build_corpus(source, tokenizer_path, out)
+
+
+def build_processes(source: Path, tokenizer_path: Path, out: Path, parts: int | None) -> None:
+    """``corpus build`` as processes: one on every CPU, or ``parts`` at once, each on
+    its share of the CPUs, then the merge."""
+    shutil.rmtree(out, ignore_errors=True)
+    cores = sorted(os.sched_getaffinity(0))
+    count = parts or 1
+    command = [sys.executable, "-m", "streampack.cli", "corpus", "build", "--quiet"]
+    command += ["--from", str(source), "--tokenizer", str(tokenizer_path), "--out", str(out)]
+    children = []
+    for index in range(count):
+        mine = set(cores[index * len(cores) // count : (index + 1) * len(cores) // count])
+        children.append(
+            subprocess.Popen(
+                command + ([] if parts is None else ["--shard", f"{index}/{parts}"]),
+                stdout=subprocess.DEVNULL,
+                preexec_fn=lambda cpus=mine or set(cores): os.sched_setaffinity(0, cpus),
+            )
+        )
+    if any(child.wait() for child in children):
+        raise SystemExit("a corpus build process failed")
+    if parts is not None:
+        merge_parts(out, parts)
+
+
+def same_corpus(a: Path, b: Path) -> bool:
+    """Whether two built corpora hold the same tokens and documents, in order."""
+
+    def arrays(corpus: Path) -> tuple[np.ndarray, np.ndarray]:
+        names = json.loads((corpus / "manifest.json").read_text())["shards"]
+        tokens = np.concatenate([np.load(corpus / f"{n}.tokens.npy") for n in names])
+        lengths = np.concatenate([np.diff(np.load(corpus / f"{n}.offsets.npy")) for n in names])
+        return tokens, lengths
+
+    return all(np.array_equal(x, y) for x, y in zip(arrays(a), arrays(b)))
 
 
 def datasets_map(source: Path, tokenizer_path: Path, out: Path, work: Path) -> None:
@@ -157,6 +203,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parts", type=int, default=2, help="processes of build_parts")
     args = parser.parse_args()
     import datasets
     import tokenizers
@@ -177,6 +224,12 @@ def main() -> None:
             "datasets_map": functools.partial(
                 datasets_map, source, tokenizer_path, work / "arrow", work
             ),
+            "build_cli": functools.partial(
+                build_processes, source, tokenizer_path, work / "cli", None
+            ),
+            "build_parts": functools.partial(
+                build_processes, source, tokenizer_path, work / "parts", args.parts
+            ),
         }
         wall: dict[str, float] = {}
         cpu: dict[str, float] = {}
@@ -189,9 +242,10 @@ def main() -> None:
                 wall[name] = min(wall.get(name, float("inf")), seconds)
                 cpu[name] = min(cpu.get(name, float("inf")), cpu_seconds)
         same = same_tokens(work / "corpus", work / "arrow")
+        parts_same = same_corpus(work / "corpus", work / "parts")
     (tokens,) = counts
     assert isinstance(tokens, int)
-    others = [name for name in runs if name != "build"]
+    others = [name for name in runs if not name.startswith("build")]
     print(
         json.dumps(
             {
@@ -206,6 +260,9 @@ def main() -> None:
                 "machine": platform.machine(),
                 **{name: rates(wall[name], cpu[name], args.documents, tokens) for name in runs},
                 "same_tokens_as_datasets": same,
+                "parts": args.parts,
+                "parts_same_as_build": parts_same,
+                "parts_vs_cli": round(wall["build_cli"] / wall["build_parts"], 3),
                 # The build's throughput over each other's: in wall seconds, and in CPU
                 # seconds (the steadier figure on a machine that others load too).
                 **{f"build_vs_{n}": round(wall[n] / wall["build"], 3) for n in others},
@@ -216,6 +273,8 @@ def main() -> None:
     )
     if not same:
         raise SystemExit("the build and datasets.map wrote different tokens")
+    if not parts_same:
+        raise SystemExit("the merged parts differ from the single build")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from .config import PackConfig
 from .errors import (
     BindingMismatch,
     CapacityError,
+    CorpusUnavailable,
     EmptyObjective,
     InternalError,
     InvalidArray,
@@ -98,6 +99,7 @@ __all__ = [
     "Binding",
     "BindingMismatch",
     "CapacityError",
+    "CorpusUnavailable",
     "CompactBatch",
     "CuSeqlens",
     "Decoder",

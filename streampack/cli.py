@@ -47,7 +47,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     (
         "corpus",
         "streampack.corpus.command",
-        "build a token corpus from text (build), or report on one (inspect)",
+        "build a token corpus from text (build, or in parts: build --shard and merge), "
+        "or report on one (inspect)",
     ),
     (
         "demo",

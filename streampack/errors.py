@@ -63,3 +63,13 @@ class ResumeError(StreampackError, ValueError):
 
 class StreamTimeout(StreampackError, TimeoutError):
     """No answer from the producer within a ``BatchStream``'s timeout."""
+
+
+class CorpusUnavailable(InvalidConfig):
+    """A corpus file cannot be read from its store: it does not exist (``missing``), access
+    is denied, the store did not answer after every retry, or the object changed after
+    it was opened (another ETag: refused, never mixed into the stream)."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing

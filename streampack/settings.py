@@ -182,12 +182,84 @@ def _check_float(field: str, value: Any, *, minimum: float) -> None:
     check_number(field, value, minimum=minimum, inclusive=False)
 
 
+#: Storage options a manifest's ``"storage"`` object (or the settings) may give; never
+#: a credential: those come from the backends' provider chains.
+MANIFEST_OPTIONS = ("endpoint_url", "region", "anonymous")
+_CREDENTIAL_WORDS = ("key", "secret", "token", "password", "credential", "session")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StorageOptions:
+    """How remote corpus files are reached and cached (``ProducerSettings``'
+    ``corpus_*`` fields, with a manifest's ``"storage"`` object on top of the first
+    three; read by ``corpus/storage.py``)."""
+
+    endpoint_url: str | None = None  # an S3-compatible store, a private hub, ...
+    region: str | None = None
+    anonymous: bool = False  # unsigned requests (public buckets)
+    cache_dir: str | None = None  # None: a temporary directory of this process
+    cache_bytes: int = 8 << 30
+    block_bytes: int = 4 * _MIB
+    max_requests: int = 8  # range requests in flight at once, per store
+    retries: int = 8  # attempts of one request before it is given up
+    prefetch_bytes: int = 64 * _MIB  # read ahead of a sequential reader's cursor
+
+    def __post_init__(self) -> None:
+        for name in ("cache_bytes", "block_bytes", "max_requests", "retries"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidConfig(f"corpus_{name} = {value!r} must be a positive integer")
+        if isinstance(self.prefetch_bytes, bool) or not isinstance(self.prefetch_bytes, int):
+            raise InvalidConfig(f"corpus_prefetch_bytes = {self.prefetch_bytes!r} must be >= 0")
+        if self.prefetch_bytes < 0:
+            raise InvalidConfig(f"corpus_prefetch_bytes = {self.prefetch_bytes!r} must be >= 0")
+        if not isinstance(self.anonymous, bool):
+            raise InvalidConfig(f"corpus_anonymous = {self.anonymous!r} must be true or false")
+        for name in ("endpoint_url", "region", "cache_dir"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidConfig(f"corpus_{name} = {value!r} must be a non-empty string")
+
+    def with_manifest(self, storage: Any, where: str) -> StorageOptions:
+        """These options with a manifest's ``"storage"`` object on top (checked)."""
+        if storage is None:
+            return self
+        if not isinstance(storage, Mapping):
+            raise InvalidConfig(
+                f"{where}: storage {storage!r} must be an object of {', '.join(MANIFEST_OPTIONS)}"
+            )
+        for key in storage:
+            if any(word in str(key).lower() for word in _CREDENTIAL_WORDS):
+                raise InvalidConfig(
+                    f"{where}: storage option {key!r} looks like a credential; a manifest "
+                    f"never carries credentials (they come from the store's own provider "
+                    f"chain: environment variables, config files, instance roles)"
+                )
+            if key not in MANIFEST_OPTIONS:
+                raise InvalidConfig(
+                    f"{where}: unknown storage option {key!r}; accepted: "
+                    f"{', '.join(MANIFEST_OPTIONS)}"
+                )
+        return dataclasses.replace(self, **dict(storage))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ProducerSettings:
     """What the producer reads, how it cuts and packs, and how much it may hold."""
 
     corpus: str | None = None
     corpus_allow_outside: bool = False
+    # A remote corpus (a URL): how its store is reached and its files cached on the
+    # node (StorageOptions; None: its default).
+    corpus_endpoint_url: str | None = None
+    corpus_region: str | None = None
+    corpus_anonymous: bool = False
+    corpus_cache_dir: str | None = None
+    corpus_cache_bytes: int | None = None
+    corpus_block_bytes: int | None = None
+    corpus_max_requests: int | None = None
+    corpus_retries: int | None = None
+    corpus_prefetch_bytes: int | None = None
     worker_endpoint: str = "tcp://127.0.0.1:5555"
     consumer_endpoint: str = "tcp://127.0.0.1:5556"
     capacity: int = 2048
@@ -225,6 +297,15 @@ class ProducerSettings:
             )
         return self.corpus
 
+    def storage(self) -> StorageOptions:
+        """How a remote corpus is reached and cached: the ``corpus_*`` fields given."""
+        given = {
+            f.name: getattr(self, f"corpus_{f.name}")
+            for f in dataclasses.fields(StorageOptions)
+            if getattr(self, f"corpus_{f.name}") is not None
+        }
+        return StorageOptions(**given)
+
     def pack_config(self) -> PackConfig:
         """The ``PackConfig`` every window is packed with (and a worker's plan checked
         against)."""
@@ -245,6 +326,7 @@ class ProducerSettings:
             raise InvalidConfig(
                 f"corpus_allow_outside = {self.corpus_allow_outside!r} must be true or false"
             )
+        self.storage()  # the corpus_* storage fields, checked together
         check_endpoint("worker_endpoint", self.worker_endpoint)
         check_endpoint("consumer_endpoint", self.consumer_endpoint)
         _check_int("capacity", self.capacity, minimum=1)
@@ -327,6 +409,17 @@ FIELD_HELP: dict[str, str] = {
     "corpus": "corpus manifest (JSON) or a directory holding manifest.json",
     "corpus_allow_outside": "let file names in the corpus manifest be absolute or lead "
     "outside its directory",
+    "corpus_endpoint_url": "a remote corpus's store endpoint (an S3-compatible store, a "
+    "private hub); default: the backend's own (AWS_ENDPOINT_URL for S3)",
+    "corpus_region": "a remote corpus's store region",
+    "corpus_anonymous": "read a remote corpus unsigned (a public bucket)",
+    "corpus_cache_dir": "node-local cache of remote corpus blocks, shared by the processes "
+    "that name it (default: a temporary directory per process)",
+    "corpus_cache_bytes": "the cache's size limit (default 8 GiB)",
+    "corpus_block_bytes": "bytes per cached block and per smallest range request (default 4 MiB)",
+    "corpus_max_requests": "range requests in flight at once per store (default 8)",
+    "corpus_retries": "attempts of one request on throttling, 5xx or timeouts (default 8)",
+    "corpus_prefetch_bytes": "bytes read ahead of a sequential reader (default 64 MiB)",
     "worker_endpoint": "where the producer binds for pack workers (use tcp://0.0.0.0:PORT "
     "to accept remote workers)",
     "consumer_endpoint": "where the producer binds for consumers and health checks",

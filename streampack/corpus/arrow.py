@@ -12,6 +12,11 @@ of 0/1 (or bool) per token, such as TRL's ``completion_mask`` or ``assistant_mas
 ``"labels": "COLUMN"`` a list column of Hugging Face labels (-100 where not trained,
 else the token). Either is memory-mapped like the tokens, with its own list offsets:
 a row whose mask is not its tokens' length is quarantined (``mask_length``).
+
+A remote Arrow file (a URL: :mod:`streampack.corpus.storage`) is read whole when the
+corpus opens, through the node cache, into memory: an IPC stream (what ``save_to_disk``
+writes) has no index of its record batches to read ranges by. Token shards, Megatron
+and Parquet read by range.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from streampack.corpus.files import regular_file
 from streampack.corpus.masks import MaskSpec, mask_spec
 from streampack.corpus.offsets import OffsetsReader, Part, check_offsets
 from streampack.corpus.reader import BindingSpec
+from streampack.corpus.storage import CorpusPath, Url, exists, read_bytes
 from streampack.errors import InvalidConfig
 
 DEFAULT_COLUMN = "input_ids"
@@ -91,12 +97,27 @@ class _Bools:
         return chosen.to_numpy(zero_copy_only=False).astype(np.uint8)
 
 
-def arrow_files(path: Path) -> list[Path]:
+def _is_dir(path: CorpusPath) -> bool:
+    """A folder: locally, a directory; in a store, a prefix holding ``state.json`` (or
+    a ``dataset_dict.json``) and not itself an ``.arrow`` object."""
+    if isinstance(path, Url):
+        return not path.name.endswith(".arrow") and (
+            exists(path / "state.json") or exists(path / "dataset_dict.json")
+        )
+    return path.is_dir()
+
+
+def arrow_files(path: CorpusPath) -> list[CorpusPath]:
     """The Arrow files of a manifest entry: a ``save_to_disk`` directory (its
     ``state.json`` order) or one file."""
-    if not path.is_dir():
+    if not _is_dir(path):
         return [regular_file(path, "Arrow file")]
-    if (path / "dataset_dict.json").is_file():
+    if isinstance(path, Url) and exists(path / "dataset_dict.json"):
+        raise InvalidConfig(
+            f"{str(path)!r} holds a DatasetDict; name one split's folder, "
+            f"e.g. {str(path / 'train')!r}"
+        )
+    if isinstance(path, Path) and (path / "dataset_dict.json").is_file():
         splits = sorted(p.name for p in path.iterdir() if p.is_dir())
         raise InvalidConfig(
             f"{str(path)!r} holds a DatasetDict (splits {splits}); name one split's "
@@ -104,7 +125,7 @@ def arrow_files(path: Path) -> list[Path]:
         )
     state_path = regular_file(path / "state.json", "datasets state file")
     try:
-        state = json.loads(state_path.read_bytes().decode("utf-8"))
+        state = json.loads(read_bytes(state_path, "datasets state file").decode("utf-8"))
         names = [entry["filename"] for entry in state["_data_files"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidConfig(
@@ -124,10 +145,13 @@ def arrow_files(path: Path) -> list[Path]:
     return files
 
 
-def _batches(pa: Any, path: Path) -> tuple[list[Any], np.ndarray]:
-    """The record batches of an Arrow IPC file or stream, memory-mapped, and the whole
-    map as bytes (where their buffers lie)."""
-    source = pa.memory_map(str(path), "r")
+def _batches(pa: Any, path: CorpusPath) -> tuple[list[Any], np.ndarray]:
+    """The record batches of an Arrow IPC file or stream, memory-mapped (a remote one:
+    read into memory), and the whole map as bytes (where their buffers lie)."""
+    if isinstance(path, Url):
+        source = pa.BufferReader(pa.py_buffer(read_bytes(path, "Arrow file")))
+    else:
+        source = pa.memory_map(str(path), "r")
     whole = np.frombuffer(source.read_buffer(), np.uint8)  # zero-copy: the map itself
     source.seek(0)
     try:
@@ -144,7 +168,7 @@ def _batches(pa: Any, path: Path) -> tuple[list[Any], np.ndarray]:
 
 
 def open_arrow_file(
-    path: Path, column: str, label: str, entry: dict[str, Any] | None = None
+    path: CorpusPath, column: str, label: str, entry: dict[str, Any] | None = None
 ) -> tuple[list[Part], np.ndarray]:
     """One part per record batch of the Arrow file at ``path`` (with the supervision
     ``entry``'s ``mask`` / ``labels`` names), and the file's bytes they are views of."""
@@ -200,7 +224,7 @@ class ArrowSource(OffsetsReader):
 
     def __init__(
         self,
-        paths: list[Path],
+        paths: list[CorpusPath],
         names: list[str],
         column: str,
         binding: BindingSpec,

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -75,14 +76,27 @@ from typing import Any, TypeVar
 import numpy as np
 
 from streampack.corpus.background import map_in_order, read_ahead
-from streampack.corpus.files import regular_file, usable_cores
+from streampack.corpus.files import file_sha256, regular_file, usable_cores
 from streampack.corpus.manifest import MANIFEST_FORMAT, MANIFEST_VERSION
+from streampack.corpus.output import Output
+from streampack.corpus.parts import PART_RECORD, Part, jsonl_lines, row_groups, write_record
+from streampack.corpus.storage import (
+    CorpusPath,
+    RemoteFile,
+    StorageOptions,
+    Url,
+    as_location,
+    file_size,
+    open_binary,
+)
 from streampack.errors import InvalidConfig
 
 logger = logging.getLogger(__name__)
 _BATCH = 1024  # records tokenized per call (encode_batch runs them in parallel)
 _DEPTH = 2  # batches waiting between two stages of the build (memory: a few batches)
 _WARNINGS = 3  # skipped input lines logged one by one; the rest only counted
+# A store's input is read through a small cache of its own: read once, in order.
+BUILD_CACHE_BYTES = 256 << 20
 FORMATS = ("text", "prompt-completion", "messages")
 TRAIN_ON = ("assistant", "last", "all")
 # The files AutoTokenizer reads from a directory: what the binding's identity hashes
@@ -100,14 +114,6 @@ TOKENIZER_FILES = (
     "tokenizer.model",
 )
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def tokenizer_identity(path: Path) -> str:
@@ -147,25 +153,32 @@ def _load_tokenizer(path: Path) -> Any:
         ) from None
 
 
-def _jsonl_texts(path: Path, column: str, report: BuildReport) -> Iterator[str]:
-    with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            try:
-                text = json.loads(line)[column]
-            except (ValueError, RecursionError, KeyError, TypeError, IndexError):
-                text = None
-            if not isinstance(text, str):
-                report.skipped += 1
-                if report.skipped <= _WARNINGS:
-                    logger.warning(
-                        "%s:%d: no string %r field; line skipped%s",
-                        path.name,
-                        number,
-                        column,
-                        " (further skips are only counted)" if report.skipped == _WARNINGS else "",
-                    )
-                continue
-            yield text
+def _lines(source: CorpusPath, part: Part | None) -> Iterator[tuple[str, bytes]]:
+    """``(location, line)`` of the JSON Lines input's lines that ``part`` holds."""
+    size = file_size(source, "input file")
+    with open_binary(source, "input file") as handle:
+        yield from jsonl_lines(handle, size, source.name, part)
+
+
+def _jsonl_texts(
+    source: CorpusPath, column: str, report: BuildReport, part: Part | None
+) -> Iterator[str]:
+    for where, line in _lines(source, part):
+        try:
+            text = json.loads(line)[column]
+        except (ValueError, RecursionError, KeyError, TypeError, IndexError):
+            text = None
+        if not isinstance(text, str):
+            report.skipped += 1
+            if report.skipped <= _WARNINGS:
+                logger.warning(
+                    "%s: no string %r field; line skipped%s",
+                    where,
+                    column,
+                    " (further skips are only counted)" if report.skipped == _WARNINGS else "",
+                )
+            continue
+        yield text
 
 
 def _skip(report: BuildReport, where: str, why: str) -> None:
@@ -180,48 +193,69 @@ def _skip(report: BuildReport, where: str, why: str) -> None:
         )
 
 
-def _rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """``(location, row)`` of every record of a JSON Lines or Parquet file (a row that
-    is not a JSON object comes as ``None``)."""
-    if path.suffix == ".jsonl":
-        with open(path, "rb") as handle:
-            for number, line in enumerate(handle, start=1):
-                try:
-                    row = json.loads(line)
-                except (ValueError, RecursionError):
-                    row = None
-                yield f"{path.name}:{number}", row if isinstance(row, dict) else None
+def _rows(source: CorpusPath, part: Part | None) -> Iterator[tuple[str, Any]]:
+    """``(location, row)`` of every record of a JSON Lines or Parquet file that ``part``
+    holds (a row that is not a JSON object comes as ``None``)."""
+    if source.name.endswith(".jsonl"):
+        for where, line in _lines(source, part):
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                row = None
+            yield where, row if isinstance(row, dict) else None
         return
+    with _parquet_file(source) as handle:
+        groups = row_groups(handle.num_row_groups, part)
+        # Row numbers count from the file's start, whichever part reads them.
+        first = groups[0] if groups else 0
+        number = sum(handle.metadata.row_group(g).num_rows for g in range(first))
+        for batch in _row_group_batches(handle, groups, None):
+            for row in batch.to_pylist():
+                yield f"{source.name}:{number}", row
+                number += 1
+
+
+@contextlib.contextmanager
+def _parquet_file(source: CorpusPath) -> Iterator[Any]:
+    """The Parquet input opened (a store's object read by ranges through the cache)."""
     from streampack.corpus.arrow import import_pyarrow
 
     pa = import_pyarrow("Parquet files")
     import pyarrow.parquet as pq
 
-    try:
-        handle = pq.ParquetFile(str(path))
-    except (pa.ArrowException, OSError) as exc:
-        raise InvalidConfig(
-            f"Parquet file {str(path)!r} is corrupt or not Parquet: {exc}"
-        ) from None
-    number = 0
-    for batch in handle.iter_batches(batch_size=_BATCH):
-        for row in batch.to_pylist():
-            yield f"{path.name}:{number}", row
-            number += 1
+    with contextlib.ExitStack() as stack:
+        where: Any = str(source)
+        if isinstance(source, Url):
+            where = stack.enter_context(open_binary(source, "input file"))
+        try:
+            handle = pq.ParquetFile(where)
+        except (pa.ArrowException, OSError) as exc:
+            raise InvalidConfig(
+                f"Parquet file {str(source)!r} is corrupt or not Parquet: {exc}"
+            ) from None
+        yield handle
 
 
-def _parquet_texts(path: Path, column: str, report: BuildReport) -> Iterator[str]:
+def _row_group_batches(handle: Any, groups: list[int], columns: list[str] | None) -> Iterator[Any]:
+    """The record batches of ``groups`` (none when there are none: pyarrow would read
+    every group for an empty list)."""
+    if groups:
+        yield from handle.iter_batches(batch_size=_BATCH, row_groups=groups, columns=columns)
+
+
+def _parquet_texts(
+    source: CorpusPath, column: str, report: BuildReport, part: Part | None
+) -> Iterator[str]:
     from streampack.corpus.arrow import import_pyarrow
 
     pa = import_pyarrow("Parquet files")
-    import pyarrow.parquet as pq
+    with _parquet_file(source) as handle:
+        yield from _parquet_column(pa, handle, source, column, report, part)
 
-    try:
-        handle = pq.ParquetFile(str(path))
-    except (pa.ArrowException, OSError) as exc:
-        raise InvalidConfig(
-            f"Parquet file {str(path)!r} is corrupt or not Parquet: {exc}"
-        ) from None
+
+def _parquet_column(
+    pa: Any, handle: Any, path: CorpusPath, column: str, report: BuildReport, part: Part | None
+) -> Iterator[str]:
     names = handle.schema_arrow.names
     if column not in names:
         raise InvalidConfig(
@@ -233,7 +267,8 @@ def _parquet_texts(path: Path, column: str, report: BuildReport) -> Iterator[str
         raise InvalidConfig(
             f"Parquet file {str(path)!r}: column {column!r} has type {kind}; expected text (string)"
         )
-    for batch in handle.iter_batches(batch_size=_BATCH, columns=[column]):
+    groups = row_groups(handle.num_row_groups, part)
+    for batch in _row_group_batches(handle, groups, [column]):
         for text in batch.column(0).to_pylist():
             if text is None:
                 report.skipped += 1
@@ -516,9 +551,9 @@ def _write(
 
 
 def build_corpus(
-    source: Path,
+    source: str | Path | Url,
     tokenizer_path: Path,
-    out: Path,
+    out: str | Path | Url,
     *,
     text_column: str = "text",
     eos: str | None = None,
@@ -529,13 +564,20 @@ def build_corpus(
     fmt: str = "text",
     chat_template: Path | None = None,
     train_on: str = "assistant",
+    shard: Part | None = None,
+    storage: StorageOptions | None = None,
 ) -> BuildReport:
-    """Tokenize ``source`` (``.jsonl`` or ``.parquet``) into token shards and a manifest
-    in ``out`` (created; refused when it already holds a manifest). ``progress``, when
-    given, is a :class:`streampack.progress.Progress` updated per batch. ``fmt``
-    ``prompt-completion`` and ``messages`` write masked shards (module docstring)."""
+    """Tokenize ``source`` (``.jsonl`` or ``.parquet``, a path or a URL) into token
+    shards and a manifest in ``out`` (a directory, created, or a store's folder; refused
+    when it already holds a manifest). ``progress``, when given, is a
+    :class:`streampack.progress.Progress` updated per batch. ``fmt``
+    ``prompt-completion`` and ``messages`` write masked shards (module docstring).
+    ``shard`` builds only that part of the input, into its part folder, with its
+    record instead of a manifest (:mod:`.parts`); ``storage`` says how URLs are reached."""
+    storage = storage or StorageOptions(cache_bytes=BUILD_CACHE_BYTES)
+    source = as_location(source, storage)
     regular_file(source, "input file")
-    if source.suffix not in (".jsonl", ".parquet"):
+    if not source.name.endswith((".jsonl", ".parquet")):
         raise InvalidConfig(f"--from {str(source)!r}: expected a .jsonl or .parquet file")
     if partition not in ("train", "validation", "test"):
         raise InvalidConfig(f"--partition {partition!r}; expected train, validation or test")
@@ -547,21 +589,30 @@ def build_corpus(
         raise InvalidConfig(f"--train-on {train_on!r}; expected one of {', '.join(TRAIN_ON)}")
     if fmt == "text" and chat_template is not None:
         raise InvalidConfig("--chat-template applies to --format messages only")
-    started = time.perf_counter()
+    run = _Run(
+        source=source,
+        part=shard,
+        root=as_location(out, storage),
+        settings={
+            "build_format": fmt,
+            "text_column": text_column if fmt == "text" else None,
+            "eos": eos,
+            "train_on": train_on if fmt == "messages" else None,
+            "partition": partition,
+            "split_receipt": split_receipt,
+        },
+        started=time.perf_counter(),
+    )
     if fmt != "text":
         return _build_supervised(
-            source,
+            run,
             tokenizer_path,
-            out,
             eos=eos,
             shard_tokens=shard_tokens,
-            partition=partition,
-            split_receipt=split_receipt,
             progress=progress,
             fmt=fmt,
             chat_template=chat_template,
             train_on=train_on,
-            started=started,
         )
     tokenizer = _load_tokenizer(tokenizer_path)
     eos_id = None
@@ -569,36 +620,28 @@ def build_corpus(
         eos_id = tokenizer.token_to_id(eos)
         if eos_id is None:
             raise InvalidConfig(f"--eos {eos!r} is not a token of {str(tokenizer_path)!r}")
-    _make_out(out)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     report = BuildReport()
-    report.binding = _binding(
-        vocab_size, tokenizer_identity(tokenizer_path), source, split_receipt, partition
-    )
-    writer = _ShardWriter(out, vocab_size, shard_tokens, masked=False)
-    reader = _jsonl_texts if source.suffix == ".jsonl" else _parquet_texts
-    texts = _batched(reader(source, text_column, report))
+    writer = run.start(report, vocab_size, tokenizer_identity(tokenizer_path), shard_tokens, False)
+    reader = _jsonl_texts if source.name.endswith(".jsonl") else _parquet_texts
+    texts = _batched(reader(source, text_column, report, shard))
     threads = usable_cores()
     with _tokenizer_threads_off():
         encoded = _pipeline(texts, _text_encoder(tokenizer, eos_id), threads)
         _write(encoded, writer, report, progress)
-    return _finish(writer, report, source, f"text under {text_column!r}", started)
+    return run.finish(writer, report, f"text under {text_column!r}")
 
 
 def _build_supervised(
-    source: Path,
+    run: _Run,
     tokenizer_path: Path,
-    out: Path,
     *,
     eos: str | None,
     shard_tokens: int,
-    partition: str,
-    split_receipt: str | None,
     progress: Any,
     fmt: str,
     chat_template: Path | None,
     train_on: str,
-    started: float,
 ) -> BuildReport:
     """``build_corpus`` for the fine-tuning formats: masked token shards."""
     tokenizer = _load_hf_tokenizer(tokenizer_path, eos, chat_template)
@@ -610,39 +653,104 @@ def _build_supervised(
             f"--format prompt-completion ends each completion with the EOS token, and "
             f"{str(tokenizer_path)!r} names none; give --eos TOKEN"
         )
-    _make_out(out)
-    vocab_size = len(tokenizer)
     report = BuildReport(supervised=0)
-    report.binding = _binding(
-        vocab_size, _hf_identity(tokenizer_path, template), source, split_receipt, partition
-    )
-    writer = _ShardWriter(out, vocab_size, shard_tokens, masked=True)
+    identity = _hf_identity(tokenizer_path, template)
+    writer = run.start(report, len(tokenizer), identity, shard_tokens, True)
     encode = _supervised_encoder(tokenizer, fmt, train_on, report)
-    _write(_pipeline(_batched(_rows(source)), encode), writer, report, progress)
+    _write(_pipeline(_batched(_rows(run.source, run.part)), encode), writer, report, progress)
     what = "prompt/completion pairs" if fmt == "prompt-completion" else "conversations"
-    return _finish(writer, report, source, what, started)
+    return run.finish(writer, report, what)
 
 
-def _make_out(out: Path) -> None:
-    if (out / "manifest.json").exists():
-        raise InvalidConfig(
-            f"--out {str(out)!r} already holds a corpus (manifest.json); choose a new directory"
-        )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidConfig(f"cannot create --out {str(out)!r}: {exc}") from None
+@dataclasses.dataclass
+class _Run:
+    """One build: what it reads, the folder it writes (``root``, or a part's folder
+    under it), and the settings a part records for ``corpus merge`` to compare."""
 
+    source: CorpusPath
+    part: Part | None
+    root: CorpusPath
+    settings: dict[str, Any]
+    started: float
 
-def _binding(
-    vocab_size: int, tokenizer: str, source: Path, split_receipt: str | None, partition: str
-) -> dict[str, Any]:
-    return {
-        "vocab_size": vocab_size,
-        "tokenizer": tokenizer,
-        "split_receipt": split_receipt or f"{source.name} sha256:{file_sha256(source)}",
-        "partition": partition,
-    }
+    def start(
+        self, report: BuildReport, vocab_size: int, tokenizer: str, shard_tokens: int, masked: bool
+    ) -> _ShardWriter:
+        """The output folder made ready (refused when it holds a corpus already) and
+        its writer; the binding in ``report`` (a part's without the default
+        ``split_receipt``: the merge hashes the input once)."""
+        root = Output(self.root)
+        if root.exists("manifest.json"):
+            raise InvalidConfig(
+                f"--out {str(root)!r} already holds a corpus (manifest.json); choose a new "
+                f"directory"
+            )
+        out = root if self.part is None else root.child(self.part.folder)
+        out.make()
+        if self.part is not None:
+            out.remove(PART_RECORD)  # a part built again (a retried job) is built anew
+        receipt = self.settings["split_receipt"]
+        if receipt is None and self.part is None:
+            receipt = f"{self.source.name} sha256:{file_sha256(self.source)}"
+        report.binding = {
+            "vocab_size": vocab_size,
+            "tokenizer": tokenizer,
+            "split_receipt": receipt,
+            "partition": self.settings["partition"],
+        }
+        return _ShardWriter(out, vocab_size, shard_tokens, masked=masked)
+
+    def finish(self, writer: _ShardWriter, report: BuildReport, what: str) -> BuildReport:
+        """Flush the last shard, write the manifest (a part: its record) and time the
+        build."""
+        if writer.lengths:
+            writer.flush()
+        report.shards = len(writer.names)
+        if self.part is not None:
+            write_record(writer.out, self.part, self._record(writer, report))
+        elif not writer.names:
+            raise InvalidConfig(f"{str(self.source)!r} holds no {what}: nothing to build")
+        else:
+            manifest: dict[str, Any] = {
+                "format": MANIFEST_FORMAT,
+                "version": MANIFEST_VERSION,
+                "binding": report.binding,
+                "shards": writer.names,
+            }
+            if writer.masked:
+                manifest["mask"] = True
+            writer.out.put_bytes("manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        report.seconds = round(elapsed, 3)
+        report.documents_per_second = round(report.documents / elapsed, 1)
+        report.tokens_per_second = round(report.tokens / elapsed, 1)
+        return report
+
+    def _record(self, writer: _ShardWriter, report: BuildReport) -> dict[str, Any]:
+        """What a part's record holds: the settings and input every part must share,
+        its shards and counts."""
+        source = self.source
+        if isinstance(source, Url):
+            location, version = str(source), RemoteFile(source, "input file").etag
+        else:
+            location, version = str(source.resolve()), None
+        return {
+            **self.settings,
+            "tokenizer": report.binding["tokenizer"],
+            "vocab_size": report.binding["vocab_size"],
+            "source": {
+                "name": source.name,
+                "location": location,
+                "bytes": file_size(source, "input file"),
+                "version": version,
+            },
+            "masked": writer.masked,
+            "shards": writer.names,
+            "documents": report.documents,
+            "tokens": report.tokens,
+            "skipped": report.skipped,
+            "supervised": report.supervised,
+        }
 
 
 class _ShardWriter:
@@ -650,7 +758,7 @@ class _ShardWriter:
     int32 for larger vocabularies), each with its mask file when ``masked``: a shard
     ends with the document that brings it to ``shard_tokens``."""
 
-    def __init__(self, out: Path, vocab_size: int, shard_tokens: int, *, masked: bool) -> None:
+    def __init__(self, out: Output, vocab_size: int, shard_tokens: int, *, masked: bool) -> None:
         self.out = out
         self.dtype = np.uint16 if vocab_size <= 1 << 16 else np.int32
         self.shard_tokens = shard_tokens
@@ -684,37 +792,11 @@ class _ShardWriter:
     def flush(self) -> None:
         name = f"shard-{len(self.names):05d}"
         lengths = np.concatenate(self.lengths)
-        np.save(self.out / f"{name}.tokens.npy", np.concatenate(self.tokens))
-        np.save(
-            self.out / f"{name}.offsets.npy",
-            np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        )
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        arrays = {"tokens": np.concatenate(self.tokens), "offsets": offsets}
         if self.masked:
-            np.save(self.out / f"{name}.mask.npy", np.concatenate(self.masks))
+            arrays["mask"] = np.concatenate(self.masks)
+        for kind, array in arrays.items():
+            self.out.put(f"{name}.{kind}.npy", functools.partial(np.save, arr=array))
         self.names.append(name)
         self.tokens, self.lengths, self.masks, self.pending_tokens = [], [], [], 0
-
-
-def _finish(
-    writer: _ShardWriter, report: BuildReport, source: Path, what: str, started: float
-) -> BuildReport:
-    """Flush the last shard, write the manifest and time the build."""
-    if writer.lengths:
-        writer.flush()
-    if not writer.names:
-        raise InvalidConfig(f"{str(source)!r} holds no {what}: nothing to build")
-    report.shards = len(writer.names)
-    manifest: dict[str, Any] = {
-        "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION,
-        "binding": report.binding,
-        "shards": writer.names,
-    }
-    if writer.masked:
-        manifest["mask"] = True
-    (writer.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    elapsed = max(time.perf_counter() - started, 1e-9)
-    report.seconds = round(elapsed, 3)
-    report.documents_per_second = round(report.documents / elapsed, 1)
-    report.tokens_per_second = round(report.tokens / elapsed, 1)
-    return report

@@ -1,4 +1,5 @@
-"""``streampack corpus build|inspect``: prepare a corpus from raw text, or look at one."""
+"""``streampack corpus build|merge|inspect``: prepare a corpus from raw text (on one
+machine, or in parts on many: ``build --shard I/N`` then ``merge``), or look at one."""
 
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--from",
         dest="source",
         required=True,
-        type=Path,
         metavar="FILE.jsonl|FILE.parquet",
-        help="the text to tokenize",
+        help="the text to tokenize: a path or a URL (s3://, gs://, hf://, https://, ...)",
     )
     build.add_argument(
         "--text-column",
@@ -62,9 +62,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     build.add_argument(
         "--out",
         required=True,
-        type=Path,
-        metavar="DIR",
-        help="directory to write shards and manifest.json into",
+        metavar="DIR|URL",
+        help="directory or store folder (s3://bucket/corpus) to write shards and "
+        "manifest.json into; the manifest is written last",
+    )
+    build.add_argument(
+        "--shard",
+        default=None,
+        metavar="I/N",
+        help="build only part I of N (from 0) of the input, into OUT/part-I-of-N/; when "
+        "all N are built, corpus merge writes the manifest",
     )
     build.add_argument(
         "--eos",
@@ -83,6 +90,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the binding's split_receipt (default: the input file's sha256)",
     )
     build.add_argument("--quiet", action="store_true", help="no progress line")
+    _storage_flags(build)
+    merge = actions.add_parser(
+        "merge", help="write the manifest of a corpus built in parts (corpus build --shard I/N)"
+    )
+    merge.add_argument(
+        "--out", required=True, metavar="DIR|URL", help="the --out every part was built into"
+    )
+    merge.add_argument("--parts", required=True, type=int, metavar="N", help="the N of --shard I/N")
+    _storage_flags(merge)
     inspect = actions.add_parser(
         "inspect", help="documents, tokens, lengths, next-fit fill and problems of a corpus"
     )
@@ -100,13 +116,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _storage_flags(parser: argparse.ArgumentParser) -> None:
+    from streampack.settings import FIELD_HELP
+
+    for name in ("endpoint_url", "region"):
+        parser.add_argument(
+            f"--corpus-{name.replace('_', '-')}",
+            dest=f"corpus_{name}",
+            default=None,
+            help=FIELD_HELP[f"corpus_{name}"].replace("a remote corpus's", "--from/--out URLs'"),
+        )
+
+
 def main(args: argparse.Namespace) -> int:
     from streampack.errors import InvalidConfig
 
+    if args.action in ("build", "merge"):
+        from streampack.corpus.build import BUILD_CACHE_BYTES
+        from streampack.settings import StorageOptions
+
+        storage = StorageOptions(
+            endpoint_url=args.corpus_endpoint_url,
+            region=args.corpus_region,
+            cache_bytes=BUILD_CACHE_BYTES,
+        )
+    if args.action == "merge":
+        from streampack.corpus.parts import merge_parts
+
+        print(json.dumps(merge_parts(args.out, args.parts, storage)))
+        return 0
     if args.action == "build":
         from streampack.corpus.build import build_corpus
+        from streampack.corpus.parts import Part
         from streampack.progress import Progress
 
+        shard = None if args.shard is None else Part.parse(args.shard)
         with Progress("corpus build", unit="documents", enabled=not args.quiet) as progress:
             built = build_corpus(
                 args.source,
@@ -121,8 +165,13 @@ def main(args: argparse.Namespace) -> int:
                 fmt=args.fmt,
                 chat_template=args.chat_template,
                 train_on=args.train_on,
+                shard=shard,
+                storage=storage,
             )
-        print(json.dumps({"out": str(args.out), **dataclasses.asdict(built)}))
+        out = {"out": str(args.out), **dataclasses.asdict(built)}
+        if shard is not None:
+            out["part"] = str(shard)
+        print(json.dumps(out))
         return 0
     from streampack.corpus.inspect import inspect_corpus
 

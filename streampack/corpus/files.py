@@ -1,13 +1,26 @@
 """Shared by the readers and the build: file checks (regular files only, names kept
-inside the corpus) and the cores this process may use."""
+inside the corpus; a URL's through :mod:`.storage`), a file's SHA-256 and the cores
+this process may use."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
+from typing import overload
 
+from streampack.corpus.storage import CorpusPath, Url, inside_url, open_binary
 from streampack.errors import InvalidConfig
+
+
+def file_sha256(path: CorpusPath) -> str:
+    """The SHA-256 of a file's bytes, local or a store's object."""
+    digest = hashlib.sha256()
+    with open_binary(path, "input file") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def usable_cores() -> int:
@@ -17,9 +30,22 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def regular_file(path: Path, what: str) -> Path:
+@overload
+def regular_file(path: Path, what: str) -> Path: ...
+@overload
+def regular_file(path: Url, what: str) -> Url: ...
+@overload
+def regular_file(path: CorpusPath, what: str) -> CorpusPath: ...
+
+
+def regular_file(path: CorpusPath, what: str) -> CorpusPath:
     """``path`` if it is an existing regular file (a FIFO or device would block or
-    never end a read), else a clear error naming it."""
+    never end a read), else a clear error naming it. A URL: an object of its store."""
+    if isinstance(path, Url):
+        info = path.store.info(path)  # a missing object: one line naming it
+        if info.get("type") == "directory":
+            raise InvalidConfig(f"{what} {str(path)!r} is a folder; expected a file")
+        return path
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
@@ -34,12 +60,22 @@ def regular_file(path: Path, what: str) -> Path:
     return path
 
 
-def inside(root: Path, name: str, what: str, *, allow_outside: bool) -> Path:
+@overload
+def inside(root: Path, name: str, what: str, *, allow_outside: bool) -> Path: ...
+@overload
+def inside(root: Url, name: str, what: str, *, allow_outside: bool) -> Url: ...
+@overload
+def inside(root: CorpusPath, name: str, what: str, *, allow_outside: bool) -> CorpusPath: ...
+
+
+def inside(root: CorpusPath, name: str, what: str, *, allow_outside: bool) -> CorpusPath:
     """``root / name``, refused when ``name`` is absolute or leads outside ``root``
     (``..``, or a symbolic link pointing out) unless ``allow_outside``: a manifest
     must not make the service read files it was not pointed at."""
     if not isinstance(name, str) or not name or "\x00" in name:
         raise InvalidConfig(f"{what} name {name!r} must be a non-empty path string")
+    if isinstance(root, Url):
+        return inside_url(root, name, what, allow_outside=allow_outside)
     path = root / name
     if allow_outside:
         return path

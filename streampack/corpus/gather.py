@@ -1,6 +1,7 @@
 """Gathering documents: the ranges of a flat array, concatenated, in one compiled call
 (``streampack.kernels.corpus_cpu``) rather than a NumPy fancy index, which builds two
-index arrays of the output's size first."""
+index arrays of the output's size first. A remote array (``storage.RemoteArray``) has
+its ranges fetched first — the blocks they touch, coalesced — then copied the same way."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from streampack.corpus.storage import RemoteArray
 from streampack.errors import InternalError
 
 
@@ -19,6 +21,8 @@ def gather_ranges(
     (a memory map is read in place); every range must lie inside it."""
     from streampack.kernels.corpus_cpu import gather_ranges_into
 
+    if isinstance(values, RemoteArray):  # the ranges fetched, back to back
+        values, starts = _fetched(values, starts, lengths)
     values = np.asarray(values)
     starts = np.ascontiguousarray(starts, np.int64)
     lengths = np.ascontiguousarray(lengths, np.int64)
@@ -54,6 +58,8 @@ def copy_ranges(
     one)."""
     from streampack.kernels.corpus_cpu import copy_ranges as compiled
 
+    if isinstance(values, RemoteArray):
+        values, starts = _fetched(values, starts, lengths)
     values = np.asarray(values)  # a plain view of a memory map: no subclass per access
     starts = np.ascontiguousarray(starts, np.int64)
     lengths = np.ascontiguousarray(lengths, np.int64)
@@ -74,3 +80,9 @@ def copy_ranges(
         values = gather_ranges(values, starts, lengths)
         starts = np.cumsum(lengths) - lengths
     compiled(values, starts, lengths, out, out_starts)
+
+
+def _fetched(values: RemoteArray, starts: Any, lengths: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The ranges of a remote array, fetched back to back, and where each now starts."""
+    lengths = np.asarray(lengths, np.int64)
+    return values.fetch(np.asarray(starts, np.int64), lengths), np.cumsum(lengths) - lengths

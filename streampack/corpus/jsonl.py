@@ -28,6 +28,10 @@ A bad line is a document's problem; a file none of whose first lines is a docume
 integers: compressed or binary data, another schema such as ``{"input_ids": ...}``,
 a JSON array) is the file's, and refuses the corpus at open rather than quarantining
 every line.
+
+A remote file (a URL: :mod:`streampack.corpus.storage`) is read the same way through a
+file object whose reads go through the node cache, the blocks after the cursor fetched
+ahead (``corpus_prefetch_bytes``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ import functools
 import io
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,6 +47,7 @@ import numpy as np
 from streampack.corpus.files import regular_file
 from streampack.corpus.masks import MaskSpec, labels_to_mask, mask_spec
 from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
+from streampack.corpus.storage import CorpusPath, file_size, open_binary
 from streampack.errors import InternalError, InvalidConfig
 
 #: Non-blank lines read at open: a file where none is a document is refused.
@@ -60,12 +64,12 @@ class JsonlSource(SingleSource):
     random_access = False
 
     def __init__(
-        self, paths: list[Path], binding: BindingSpec, entry: dict[str, Any] | None = None
+        self, paths: list[CorpusPath], binding: BindingSpec, entry: dict[str, Any] | None = None
     ) -> None:
         self.binding = binding
         self.paths = [regular_file(path, "JSON Lines file") for path in paths]
         for path in self.paths:
-            if path.stat().st_size == 0:
+            if file_size(path) == 0:
                 raise InvalidConfig(
                     f"JSON Lines file {str(path)!r} is empty (0 bytes); "
                     f"expected one document per line"
@@ -199,10 +203,10 @@ class JsonlSource(SingleSource):
 BLOCK_BYTES = 4 << 20  # lines read and parsed at a time (more for one longer line)
 
 
-def _chunks(path: Path) -> Iterator[bytes | bytearray]:
+def _chunks(path: CorpusPath) -> Iterator[bytes | bytearray]:
     """The file's bytes in pieces of whole lines, about ``BLOCK_BYTES`` each (a line
     longer than that is a piece of its own); the last may lack its newline."""
-    with open(path, "rb") as handle:
+    with open_binary(path, "JSON Lines file") as handle:
         # A callable's iterator keeps no piece between steps: a long line's bytes are
         # freed as soon as the reader has parsed them.
         yield from iter(functools.partial(_next_chunk, handle), b"")
@@ -267,10 +271,10 @@ def _locations(name: str, lines: np.ndarray) -> np.ndarray:
     return out
 
 
-def _first_fields(paths: list[Path]) -> list[str]:
+def _first_fields(paths: list[CorpusPath]) -> list[str]:
     """The fields of the first line of ``paths[0]`` that is a JSON object, else none."""
     for path in paths:
-        with open(path, "rb") as handle:
+        with open_binary(path, "JSON Lines file") as handle:
             for line in handle:
                 if line.strip():
                     try:
@@ -281,13 +285,13 @@ def _first_fields(paths: list[Path]) -> list[str]:
     return []
 
 
-def refuse_without_documents(path: Path) -> None:
+def refuse_without_documents(path: CorpusPath) -> None:
     """Refuse ``path`` when none of its first ``SNIFF_LINES`` non-blank lines is a
     document (see module docstring); any one that is, good or bad on its own account
     (a range, a token out of the vocabulary), or a line too long to judge, passes."""
     first = None
     seen = 0
-    with open(path, "rb") as handle:
+    with open_binary(path, "JSON Lines file") as handle:
         while seen < SNIFF_LINES:
             line = handle.readline(SNIFF_BYTES)
             if not line:

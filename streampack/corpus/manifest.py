@@ -10,6 +10,12 @@ A manifest (``manifest.json`` in a directory, or any ``*.json`` path)::
 names its files under exactly one format key (see ``corpus.sources.FORMATS``), in order, relative
 to the manifest's directory. A name that is absolute or leads outside that directory
 is refused unless the caller allows it (``corpus_allow_outside``).
+
+The manifest may be a URL (``s3://bucket/corpus/manifest.json``, ``hf://datasets/...``,
+``https://...``; a URL not ending in ``.json`` is a folder holding ``manifest.json``):
+its names then resolve against the manifest's URL by the same rules
+(:mod:`streampack.corpus.storage`), and an optional ``"storage"`` object gives the
+store's ``endpoint_url``, ``region`` and ``anonymous`` (never credentials).
 """
 
 from __future__ import annotations
@@ -21,19 +27,29 @@ from typing import Any
 from streampack.corpus.files import regular_file
 from streampack.corpus.reader import BindingSpec, Reader
 from streampack.corpus.sources import open_source
-from streampack.errors import InvalidConfig
+from streampack.corpus.storage import CorpusPath, StorageOptions, Url, as_location, read_bytes
+from streampack.errors import CorpusUnavailable, InvalidConfig
 
 MANIFEST_FORMAT = "streampack-corpus"
 MANIFEST_VERSION = 1
 
 
-def read_manifest(path: Path) -> tuple[Path, dict[str, Any]]:
+def read_manifest(path: CorpusPath) -> tuple[CorpusPath, dict[str, Any]]:
     """``(directory, fields)`` of the manifest at ``path`` (a file or a directory
-    holding ``manifest.json``), with its format and version checked."""
-    if path.is_dir():
+    holding ``manifest.json``; a URL not ending in ``.json`` is such a folder), with
+    its format and version checked."""
+    if isinstance(path, Url) and not path.path.endswith(".json"):
+        path = path / "manifest.json"
+    elif isinstance(path, Path) and path.is_dir():
         path = path / "manifest.json"
     try:
-        text = regular_file(path, "corpus manifest").read_bytes().decode("utf-8")
+        text = read_bytes(regular_file(path, "corpus manifest"), "corpus manifest").decode("utf-8")
+    except CorpusUnavailable as exc:
+        if not exc.missing:  # denied, unreachable: the store's problem, said as it is
+            raise
+        raise CorpusUnavailable(
+            f"{exc}; give a manifest JSON file or a folder holding manifest.json", missing=True
+        ) from None
     except InvalidConfig as exc:
         raise InvalidConfig(
             f"{exc}; give a manifest JSON file or a directory holding manifest.json"
@@ -85,15 +101,27 @@ def binding_spec(data: dict[str, Any], where: str) -> BindingSpec:
     )
 
 
-def open_corpus(path: str | Path, *, allow_outside: bool = False) -> Reader:
-    """Open the corpus described by a manifest file or a directory holding one.
+def open_corpus(
+    path: str | Path | Url,
+    *,
+    allow_outside: bool = False,
+    storage: StorageOptions | None = None,
+) -> Reader:
+    """Open the corpus described by a manifest file or a directory holding one, a
+    local path or a URL.
 
     ``allow_outside`` lets file names in the manifest be absolute or lead outside the
-    manifest's directory (the ``corpus_allow_outside`` setting)."""
+    manifest's directory (the ``corpus_allow_outside`` setting); ``storage`` says how
+    a remote corpus is reached and cached (the ``corpus_*`` settings)."""
     from streampack.corpus.mixture import open_mixture
 
-    root, data = read_manifest(Path(path))
-    where = f"corpus {str(path)!r}"
+    location = as_location(path, storage)
+    where = f"corpus {str(location)!r}"
+    root, data = read_manifest(location)
+    if isinstance(root, Url):
+        root = root.with_options(root.options.with_manifest(data.get("storage"), where))
+    elif data.get("storage") is not None:
+        StorageOptions().with_manifest(data["storage"], where)  # checked all the same
     binding = binding_spec(data, where)
     if "sources" in data:  # a weighted mixture of several sources (corpus/mixture.py)
         return open_mixture(root, data, binding, where, allow_outside=allow_outside)

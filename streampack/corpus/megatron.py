@@ -17,14 +17,18 @@ The index, little-endian::
 A document of the corpus is a Megatron *document* (its sequences are contiguous in the
 ``.bin``); for data prepared without sentence splitting every sequence is a document.
 
+A remote dataset (a URL: :mod:`streampack.corpus.storage`) reads its ``.idx`` whole
+when opened (the index, once) and then only the byte ranges of the ``.bin`` that a
+window's documents hold.
+
 The format has no place for a supervision mask: a ``mask`` or ``labels`` key on a
 Megatron source is refused (:mod:`streampack.corpus.masks`).
 """
 
 from __future__ import annotations
 
+import os
 import struct
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,7 @@ import numpy as np
 from streampack.corpus.files import regular_file
 from streampack.corpus.offsets import OffsetsReader, Part, check_offsets
 from streampack.corpus.reader import BindingSpec
+from streampack.corpus.storage import CorpusPath, RemoteArray, RemoteFile, Url, read_bytes
 from streampack.errors import InternalError, InvalidConfig
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -108,14 +113,21 @@ def _check_pointers(lengths: np.ndarray, pointers: np.ndarray, itemsize: int, wh
     return end // itemsize
 
 
-def open_megatron(prefix: Path, name: str) -> Part:
-    """Memory-map ``PREFIX.idx`` and ``PREFIX.bin`` and check them against each other."""
+def open_megatron(prefix: CorpusPath, name: str) -> Part:
+    """Memory-map ``PREFIX.idx`` and ``PREFIX.bin`` (a remote one: the index read
+    whole, the tokens by range) and check them against each other."""
     idx_path = regular_file(prefix.with_name(prefix.name + ".idx"), "Megatron index")
     bin_path = regular_file(prefix.with_name(prefix.name + ".bin"), "Megatron data file")
     where = f"Megatron index {str(idx_path)!r}"
-    size = idx_path.stat().st_size
-    with open(idx_path, "rb") as handle:
-        head = handle.read(_HEADER.size)
+    index: np.ndarray
+    if isinstance(idx_path, Url):
+        index = np.frombuffer(read_bytes(idx_path, "Megatron index"), np.uint8)
+    elif idx_path.stat().st_size:
+        index = np.memmap(idx_path, np.uint8, "r")
+    else:
+        index = np.zeros(0, np.uint8)
+    size = len(index)
+    head = bytes(index[: _HEADER.size])
     if len(head) < _HEADER.size:
         raise InvalidConfig(
             f"{where} is truncated: {size} bytes, shorter than the {_HEADER.size}-byte header"
@@ -149,35 +161,35 @@ def open_megatron(prefix: Path, name: str) -> Part:
     if document_count < 1:
         raise InvalidConfig(f"{where}: the document index is empty; expected at least [0]")
     offset = _HEADER.size
-    lengths = (
-        np.memmap(idx_path, np.int32, "r", offset, (sequences,))
-        if sequences
-        else np.zeros(0, np.int32)
-    )
+    # Views of the index's bytes (a memory map stays one): no copy of the index.
+    lengths = index[offset : offset + 4 * sequences].view(np.int32)
     offset += 4 * sequences
-    pointers = (
-        np.memmap(idx_path, np.int64, "r", offset, (sequences,))
-        if sequences
-        else np.zeros(0, np.int64)
-    )
+    pointers = index[offset : offset + 8 * sequences].view(np.int64)
     offset += 8 * sequences
-    documents = np.memmap(idx_path, np.int64, "r", offset, (document_count,))
+    documents = index[offset : offset + 8 * document_count].view(np.int64)
     check_offsets(documents, sequences, f"{where}: document indices")
     total = _check_pointers(lengths, pointers, dtype.itemsize, where)
-    bin_size = bin_path.stat().st_size
+    data = RemoteFile(bin_path, "Megatron data file") if isinstance(bin_path, Url) else None
+    bin_size = data.size if data is not None else os.stat(str(bin_path)).st_size
     if bin_size < total * dtype.itemsize:
         raise InvalidConfig(
             f"Megatron data file {str(bin_path)!r} is {bin_size} bytes; its index describes "
             f"{total} {dtype} tokens ({total * dtype.itemsize} bytes): the file is truncated"
         )
-    tokens = np.memmap(bin_path, dtype, "r", 0, (total,)) if total else np.zeros(0, dtype)
+    tokens: Any
+    if data is not None:
+        tokens = RemoteArray(data, 0, dtype, total)
+    elif total:
+        tokens = np.memmap(str(bin_path), dtype, "r", 0, (total,))
+    else:
+        tokens = np.zeros(0, dtype)
     return Part(name, tokens, _DocumentOffsets(pointers, documents, dtype.itemsize, total))
 
 
 class MegatronSource(OffsetsReader):
     """Megatron indexed datasets (``PREFIX.bin`` + ``PREFIX.idx``) in manifest order."""
 
-    def __init__(self, prefixes: list[Path], names: list[str], binding: BindingSpec) -> None:
+    def __init__(self, prefixes: list[CorpusPath], names: list[str], binding: BindingSpec) -> None:
         super().__init__(
             [open_megatron(p, n) for p, n in zip(prefixes, names, strict=True)],
             binding,

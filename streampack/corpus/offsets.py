@@ -16,6 +16,7 @@ import numpy as np
 from streampack.corpus.gather import copy_ranges, gather_ranges
 from streampack.corpus.masks import labels_to_mask
 from streampack.corpus.reader import BindingSpec, SingleSource
+from streampack.corpus.storage import RemoteArray
 from streampack.errors import InternalError, InvalidConfig
 
 # Integer dtypes whose every value fits in int32: gathered into int32, not int64.
@@ -312,7 +313,7 @@ class OffsetsReader(SingleSource):
             out_starts = np.cumsum(mask_lengths) - mask_lengths
             for s, sel, starts in where:
                 stored, lens = self.parts[s].mask, mask_lengths[sel]
-                if isinstance(stored, np.ndarray):
+                if isinstance(stored, (np.ndarray, RemoteArray)):
                     copy_ranges(stored, starts, lens, mask, out_starts[sel])
                     continue
                 before = np.cumsum(lens) - lens

@@ -17,13 +17,17 @@ blocks.
 Supervision: ``"mask"`` / ``"labels"`` name a list column as for Arrow
 (:mod:`streampack.corpus.arrow`, :mod:`streampack.corpus.masks`), read with the tokens
 a row group at a time.
+
+A remote Parquet file (a URL: :mod:`streampack.corpus.storage`) is opened through a
+file object whose reads are range requests through the node cache: its footer is read
+once, then each row group's column chunks by range (``parquet_pages`` slices the
+file's bytes as a ``storage.RemoteArray``).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +38,7 @@ from streampack.corpus.background import map_in_order, read_ahead
 from streampack.corpus.files import regular_file, usable_cores
 from streampack.corpus.masks import labels_to_mask, mask_spec
 from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
+from streampack.corpus.storage import CorpusPath, Url, open_binary
 from streampack.errors import InvalidConfig
 
 READ_AHEAD = 1  # decoded row groups queued for the cut, ahead of the one being cut
@@ -46,8 +51,10 @@ READ_AHEAD = 1  # decoded row groups queued for the cut, ahead of the one being 
 DECODERS = 2 if usable_cores() >= 2 else 1
 
 
-def _open(pq: Any, pa: Any, path: Path) -> Any:
+def _open(pq: Any, pa: Any, path: CorpusPath) -> Any:
     try:
+        if isinstance(path, Url):
+            return pq.ParquetFile(open_binary(path, "Parquet file"))
         return pq.ParquetFile(str(path), memory_map=True)
     except (pa.ArrowException, OSError) as exc:
         raise InvalidConfig(
@@ -63,7 +70,7 @@ class ParquetSource(SingleSource):
 
     def __init__(
         self,
-        paths: list[Path],
+        paths: list[CorpusPath],
         column: str,
         binding: BindingSpec,
         entry: dict[str, Any] | None = None,
@@ -153,7 +160,7 @@ class ParquetSource(SingleSource):
         return map_in_order(lambda job: job(), jobs, DECODERS, DECODERS, "streampack-decode")
 
     def _job(
-        self, handles: threading.local, path: Path, group: int, first: int
+        self, handles: threading.local, path: CorpusPath, group: int, first: int
     ) -> Callable[[], Block]:
         """Decoding row group ``group`` of ``path`` (source ids from ``first``) into a
         block, with the calling thread's handle of that file."""

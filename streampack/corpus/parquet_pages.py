@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from streampack.corpus.storage import CorpusPath, RemoteArray, RemoteFile, Url
 from streampack.kernels import parquet_cpu
 
 _CODECS = {  # Parquet's codec numbers -> pyarrow's names (None: stored as is)
@@ -219,8 +219,10 @@ def read_row_group(
     place = plan.chunks[group] if group < len(plan.chunks) else "no such row group"
     if isinstance(place, str):
         return f"{plan.name}: {place}"
+    # A remote file's: one range read, whose errors are not the decoder's to hide.
+    piece = data[place.start : place.end]
     try:
-        chunk = _Chunk(pa, data[place.start : place.end], place.codec, plan)
+        chunk = _Chunk(pa, piece, place.codec, plan)
         return chunk.decode(place.rows, place.values)
     except _NotReadHere as exc:
         return f"{plan.name}, {exc}"
@@ -562,8 +564,12 @@ class _Thrift:
         self.pos += size
 
 
-def file_bytes(path: Path) -> np.ndarray:
-    """The file's bytes, memory-mapped read-only (an empty file: an empty array)."""
+def file_bytes(path: CorpusPath) -> Any:
+    """The file's bytes, memory-mapped read-only (an empty file: an empty array); a
+    remote file's as a ``storage.RemoteArray`` (each slice a range read)."""
+    if isinstance(path, Url):
+        file = RemoteFile(path, "Parquet file")
+        return RemoteArray(file, 0, np.uint8, file.size)
     if path.stat().st_size == 0:
         return np.zeros(0, np.uint8)
     return np.memmap(path, np.uint8, mode="r")

@@ -8,13 +8,13 @@ a whole corpus (one source, or a mixture of several) from a manifest file.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from streampack.corpus.files import inside
 from streampack.corpus.long_documents import long_documents_policy
 from streampack.corpus.masks import refuse_mask
 from streampack.corpus.reader import BindingSpec
+from streampack.corpus.storage import CorpusPath
 from streampack.errors import InvalidConfig
 
 if TYPE_CHECKING:  # the readers themselves load with their format (pyarrow, ...)
@@ -30,7 +30,11 @@ Source = Union["TokenShardSource", "JsonlSource", "ParquetSource", "ArrowSource"
 
 
 def _open_shards(
-    root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec, allow_outside: bool
+    root: CorpusPath,
+    names: list[str],
+    entry: dict[str, Any],
+    binding: BindingSpec,
+    allow_outside: bool,
 ) -> Source:
     from streampack.corpus.shards import TokenShardSource
 
@@ -52,7 +56,11 @@ def _open_shards(
 
 
 def _open_jsonl(
-    root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec, allow_outside: bool
+    root: CorpusPath,
+    names: list[str],
+    entry: dict[str, Any],
+    binding: BindingSpec,
+    allow_outside: bool,
 ) -> Source:
     from streampack.corpus.jsonl import JsonlSource
 
@@ -73,7 +81,11 @@ def _column(entry: dict[str, Any]) -> str:
 
 
 def _open_parquet(
-    root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec, allow_outside: bool
+    root: CorpusPath,
+    names: list[str],
+    entry: dict[str, Any],
+    binding: BindingSpec,
+    allow_outside: bool,
 ) -> Source:
     from streampack.corpus.parquet import ParquetSource
 
@@ -86,7 +98,11 @@ def _open_parquet(
 
 
 def _open_arrow(
-    root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec, allow_outside: bool
+    root: CorpusPath,
+    names: list[str],
+    entry: dict[str, Any],
+    binding: BindingSpec,
+    allow_outside: bool,
 ) -> Source:
     from streampack.corpus.arrow import ArrowSource
 
@@ -100,7 +116,11 @@ def _open_arrow(
 
 
 def _open_megatron(
-    root: Path, names: list[str], entry: dict[str, Any], binding: BindingSpec, allow_outside: bool
+    root: CorpusPath,
+    names: list[str],
+    entry: dict[str, Any],
+    binding: BindingSpec,
+    allow_outside: bool,
 ) -> Source:
     from streampack.corpus.megatron import MegatronSource
 
@@ -123,7 +143,7 @@ FORMATS: dict[str, Callable[..., Source]] = {
 
 
 def open_source(
-    root: Path,
+    root: CorpusPath,
     entry: dict[str, Any],
     binding: BindingSpec,
     where: str,

@@ -49,7 +49,11 @@ def rank_stream(
     ``start`` = (epoch, base, index), a resumed cursor (``client.resume_cursor``), when
     given: that epoch's share counts from ``base`` and the rank continues at ``index``.
     Each batch carries its step's targets (``streampack.loss``), as the producer sends."""
-    source = open_corpus(settings.corpus_path(), allow_outside=settings.corpus_allow_outside)
+    source = open_corpus(
+        settings.corpus_path(),
+        allow_outside=settings.corpus_allow_outside,
+        storage=settings.storage(),
+    )
     binding = source.binding.to_binding()
     epoch, first_base, first_index = start if start is not None else (0, 0, rank)
     first_epoch = epoch

@@ -45,7 +45,11 @@ def corpus_batch(settings: ProducerSettings, epoch: int, index: int) -> PackedBa
         raise InvalidConfig(f"--epoch {epoch} --batch {index}; accepted: both >= 0")
     if settings.epochs and epoch >= settings.epochs:
         raise InvalidConfig(f"--epoch {epoch}; the stream has epochs 0..{settings.epochs - 1}")
-    source = open_corpus(settings.corpus_path(), allow_outside=settings.corpus_allow_outside)
+    source = open_corpus(
+        settings.corpus_path(),
+        allow_outside=settings.corpus_allow_outside,
+        storage=settings.storage(),
+    )
     batch = next(itertools.islice(epoch_batches(settings, source, epoch), index, None), None)
     if batch is None:
         total = sum(1 for _ in epoch_batches(settings, source, epoch))

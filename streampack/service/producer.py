@@ -102,7 +102,11 @@ class Producer:
         )
         if settings.quarantine_path:
             check_output_path("quarantine_path", settings.quarantine_path)
-        source = open_corpus(settings.corpus, allow_outside=settings.corpus_allow_outside)
+        source = open_corpus(
+            settings.corpus,
+            allow_outside=settings.corpus_allow_outside,
+            storage=settings.storage(),
+        )
         self._quarantine_file: IO[str] | None = (
             open(settings.quarantine_path, "a") if settings.quarantine_path else None
         )

@@ -462,3 +462,54 @@ def test_the_service_monitor_reaches_producer_and_workers(k8s):
         assert service["spec"]["selector"].items() <= pods.items(), name
         (container,) = _containers(k8s[("Deployment", name)])
         assert port["targetPort"] in {p["name"] for p in container["ports"]}
+
+
+# ---------------------------------------------------------------- a corpus built by a Job
+
+
+def _build_jobs() -> tuple[dict[str, Any], dict[str, Any]]:
+    folder = K8S / "build"
+    build = yaml.safe_load((folder / "corpus-build.yaml").read_text())
+    merge = yaml.safe_load((folder / "corpus-merge.yaml").read_text())
+    return build, merge
+
+
+def test_the_indexed_build_job_gives_each_pod_its_part_and_the_merge_all_of_them():
+    """Every pod of the indexed Job runs a real `corpus build --shard I/N` (its args
+    parsed by the real CLI for each index Kubernetes gives, 0 .. completions-1), and
+    the merge Job merges exactly those N parts of the same --out."""
+    from streampack.corpus.parts import Part
+
+    build, merge = _build_jobs()
+    for job in (build, merge):
+        assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+        assert DNS_1123.match(job["metadata"]["name"])
+        pod = job["spec"]["template"]["spec"]
+        assert pod["restartPolicy"] in ("Never", "OnFailure")
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == SERVICE_UID
+        (container,) = pod["containers"]
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    spec = build["spec"]
+    assert spec["completionMode"] == "Indexed"
+    count = spec["completions"]
+    assert 1 <= spec["parallelism"] <= count
+    (container,) = spec["template"]["spec"]["containers"]
+    shards = [a for a in container["args"] if a.startswith("--shard=")]
+    assert shards == [f"--shard=$(JOB_COMPLETION_INDEX)/{count}"]
+    outs = set()
+    for index in range(count):
+        args = [a.replace("$(JOB_COMPLETION_INDEX)", str(index)) for a in container["args"]]
+        parsed = _parse_cli(args)
+        assert (parsed.command, parsed.action) == ("corpus", "build")
+        assert Part.parse(parsed.shard) == Part(index, count)
+        outs.add(parsed.out)
+    (merger,) = merge["spec"]["template"]["spec"]["containers"]
+    parsed = _parse_cli(merger["args"])
+    assert (parsed.command, parsed.action) == ("corpus", "merge")
+    assert parsed.parts == count and outs == {parsed.out}
+    assert merger["image"] == container["image"]
+    # The build's input and output are URLs of one store, reached with the same Secret.
+    assert build_parser().parse_args(container["args"]).source.startswith("s3://")
+    assert merger["envFrom"] == container["envFrom"]

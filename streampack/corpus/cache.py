@@ -1,0 +1,279 @@
+"""The node-local cache of remote corpus files: fixed-size blocks on a local disk.
+
+One directory, shared by every streampack process of the node that names it
+(``corpus_cache_dir``; without one, a temporary directory of this process)::
+
+    DIR/ab/abcdef.../17          block 17 of one object version (its key: URL, ETag, size)
+    DIR/ab/abcdef.../17.claim    a process is fetching block 17 (O_EXCL; stale after
+                                 STALE_AFTER seconds, so a crashed fetcher blocks no one)
+
+A block is written to a temporary name and renamed into place (a reader never sees a
+partial block) and is read back only at its expected size. The key holds the object's
+ETag, so a changed object never reads the old one's blocks (and its reads are refused:
+``storage.RemoteFile.changed``). Two processes asking for the same block: the first
+claims it and fetches, the other waits for the block to appear — it is downloaded once.
+
+The directory stays under ``cache_bytes`` (plus the blocks of the reads in progress, and
+a tenth of the limit written between two counts): when it is over, blocks are evicted
+until it is at 90%. The order is the reading order's: a corpus is read in a
+known, repeating order (every epoch the same files, or a permutation of them), so the
+block read most recently is the one needed again latest, and goes first (Belady's
+choice for a cyclic scan, where least-recently-used would miss every block). Blocks
+this process is reading or has fetched ahead and not yet read are kept. A cache
+smaller than the corpus still gives the exact stream: a block evicted is fetched again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class RemoteFile(Protocol):
+    """What the cache needs of a remote file (``storage.RemoteFile``; named here so the
+    cache imports nothing of the storage that holds it)."""
+
+    key: str  # its URL, ETag and size, hashed
+    size: int
+    block: int
+    store: Any  # its store: ``map(jobs)`` runs range requests, bounded in number
+
+    def fetch_run(self, first: int, count: int) -> list[bytes]: ...
+
+
+#: A claim older than this (seconds) is abandoned: its process died or hung.
+STALE_AFTER = 30.0
+_POLL = 0.005
+_RUN_BYTES = 64 << 20  # one range request fetches at most this many consecutive blocks
+
+
+def _runs(indices: list[int], most: int) -> list[tuple[int, int]]:
+    """``(first, count)`` of each run of consecutive ``indices`` (sorted), at most
+    ``most`` long."""
+    out: list[tuple[int, int]] = []
+    for i in indices:
+        if out and out[-1][0] + out[-1][1] == i and out[-1][1] < most:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((i, 1))
+    return out
+
+
+class BlockCache:
+    """Blocks of remote files in ``directory`` (see module), at most ``limit`` bytes."""
+
+    def __init__(self, directory: str | None, limit: int, counters: Any) -> None:
+        if directory is None:
+            directory = tempfile.mkdtemp(prefix="streampack-cache-")
+            atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        self.root = Path(directory)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.limit = limit
+        self.counters = counters
+        self._lock = threading.Lock()
+        self._written = 0  # bytes this process wrote since it last counted the directory
+        self._held: dict[str, int] = {}  # block path -> readers holding it (not evicted)
+
+    def _path(self, file: RemoteFile, index: int) -> Path:
+        return self.root / file.key[:2] / file.key / str(index)
+
+    def _expected(self, file: RemoteFile, index: int) -> int:
+        return min(file.size, (index + 1) * file.block) - index * file.block
+
+    def _read(self, file: RemoteFile, index: int) -> bytes | None:
+        path = self._path(file, index)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(data) != self._expected(file, index):  # not ours to trust: fetch again
+            path.unlink(missing_ok=True)
+            return None
+        try:
+            os.utime(path)  # read now: the eviction order's clock
+        except OSError:
+            pass
+        return data
+
+    def _present(self, file: RemoteFile, index: int) -> bool:
+        try:
+            return self._path(file, index).stat().st_size == self._expected(file, index)
+        except FileNotFoundError:
+            return False
+
+    def _write(self, file: RemoteFile, index: int, data: bytes, ahead: bool = False) -> None:
+        path = self._path(file, index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{index}.{os.getpid()}.{threading.get_ident()}.tmp")
+        temporary.write_bytes(data)
+        if ahead:  # fetched ahead, not read yet: last in the eviction order
+            os.utime(temporary, (0, 0))
+        os.replace(temporary, path)  # atomic: a reader sees all of the block or none
+        with self._lock:
+            self._written += len(data)
+
+    def _claim(self, file: RemoteFile, index: int) -> bool:
+        """Whether this process now holds the right to fetch the block (an abandoned
+        claim is taken over)."""
+        claim = self._claim_path(file, index)
+        claim.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                return True
+            except FileExistsError:
+                try:
+                    if time.time() - claim.stat().st_mtime < STALE_AFTER:
+                        return False
+                    claim.unlink()
+                except FileNotFoundError:
+                    pass
+        return False
+
+    def _claim_path(self, file: RemoteFile, index: int) -> Path:
+        path = self._path(file, index)
+        return path.with_name(path.name + ".claim")
+
+    def _release(self, file: RemoteFile, index: int) -> None:
+        self._claim_path(file, index).unlink(missing_ok=True)
+
+    def _wait(self, file: RemoteFile, index: int) -> bytes | None:
+        """The block another process is fetching, once it is there; None when its
+        claim went away without it (the fetch failed) or went stale."""
+        claim = self._claim_path(file, index)
+        deadline = time.monotonic() + STALE_AFTER
+        while time.monotonic() < deadline:
+            data = self._read(file, index)
+            if data is not None:
+                return data
+            if not claim.exists():
+                return self._read(file, index)
+            time.sleep(_POLL)
+        return None
+
+    def blocks(self, file: RemoteFile, indices: list[int], ahead: bool = False) -> dict[int, bytes]:
+        """Blocks ``indices`` (sorted, distinct) of ``file``: cached ones read, missing
+        ones fetched once on the node (claimed; runs of consecutive blocks in one range
+        request each, at most ``max_requests`` at once), then written here. ``ahead``:
+        fetched for a later read (prefetch), so not marked read."""
+        held = [str(self._path(file, i)) for i in indices]
+        self._hold(held, 1)
+        try:
+            out: dict[int, bytes] = {}
+            missing = []
+            for i in indices:
+                if ahead:  # only what is not here yet: nothing read now
+                    if not self._present(file, i):
+                        missing.append(i)
+                    continue
+                data = self._read(file, i)
+                if data is None:
+                    missing.append(i)
+                else:
+                    out[i] = data
+            if not ahead:
+                self._count(cache_hits=len(out), cache_misses=len(missing))
+            if missing:
+                self._fetch(file, missing, out, ahead)
+        finally:
+            self._hold(held, -1)
+        self._evict_if_full()
+        return out
+
+    def _fetch(
+        self, file: RemoteFile, missing: list[int], out: dict[int, bytes], ahead: bool
+    ) -> None:
+        claimed: list[int] = []
+        others: list[int] = []
+        for i in missing:
+            (claimed if self._claim(file, i) else others).append(i)
+        try:
+            runs = _runs(claimed, max(1, _RUN_BYTES // file.block))
+            jobs: list[Callable[[], list[bytes]]] = [
+                functools.partial(file.fetch_run, first, count) for first, count in runs
+            ]
+            for (first, _), pieces in zip(runs, file.store.map(jobs), strict=True):
+                for k, data in enumerate(pieces):
+                    self._write(file, first + k, data, ahead)
+                    out[first + k] = data
+        finally:
+            for i in claimed:
+                self._release(file, i)
+        for i in others:
+            waited = self._wait(file, i)
+            if waited is None:  # the other fetcher failed or hung: fetch it here
+                waited = file.fetch_run(i, 1)[0]
+                self._write(file, i, waited, ahead)
+            out[i] = waited
+
+    def _hold(self, paths: list[str], step: int) -> None:
+        with self._lock:
+            for path in paths:
+                count = self._held.get(path, 0) + step
+                if count > 0:
+                    self._held[path] = count
+                else:
+                    self._held.pop(path, None)
+
+    def _count(self, **added: int) -> None:
+        with self._lock:
+            for name, value in added.items():
+                setattr(self.counters, name, getattr(self.counters, name) + value)
+
+    def _evict_if_full(self) -> None:
+        """Count the directory when this process wrote enough to maybe fill it, and
+        evict (module docstring) down to 90% of the limit when it is over."""
+        with self._lock:
+            if self._written < self.limit // 10 and self._written < (64 << 20):
+                return
+            self._written = 0
+        blocks: list[tuple[float, int, str]] = []
+        used = 0
+        for entry in _files(self.root):
+            if entry.name.endswith((".claim", ".tmp")):
+                continue
+            try:
+                stat = entry.stat()
+            except FileNotFoundError:
+                continue
+            used += stat.st_size
+            blocks.append((stat.st_mtime, stat.st_size, entry.path))
+        if used <= self.limit:
+            return
+        with self._lock:
+            held = set(self._held)
+        blocks.sort(reverse=True)  # most recently read first: needed again latest
+        target = self.limit * 9 // 10
+        evicted = 0
+        for _, size, path in blocks:
+            if used <= target:
+                break
+            if path in held:
+                continue
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            used -= size
+            evicted += 1
+        self._count(cache_evictions=evicted)
+
+
+def _files(root: Path) -> list[Any]:
+    """Every entry two folders below ``root`` (the blocks and their claims)."""
+    out: list[Any] = []
+    for top in os.scandir(root):
+        if not top.is_dir():
+            continue
+        for key in os.scandir(top.path):
+            if key.is_dir():
+                out.extend(os.scandir(key.path))
+    return out

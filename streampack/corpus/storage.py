@@ -1,0 +1,651 @@
+"""Where a corpus's files are: local paths, or URLs of object stores read through fsspec.
+
+Every reader reaches its files through this module, so a manifest and its entries may
+be local paths or URLs alike::
+
+    --corpus s3://bucket/corpus/manifest.json      Url("s3://bucket/corpus/manifest.json")
+    "shards": ["part-0"]                      ->   s3://bucket/corpus/part-0.tokens.npy
+    "parquet": ["../other/x.parquet"]         ->   refused: outside s3://bucket/corpus/
+
+A :class:`Url` is any fsspec protocol (``s3://``, ``gs://``, ``hf://``, ``http(s)://``,
+...), its backend imported on first use (the ``remote``, ``gcs`` and ``hub`` extras).
+A remote file (:class:`RemoteFile`) pins its size and ETag when it is opened; its bytes
+are read in fixed-size blocks through the node-local cache (:mod:`.cache`), the missing
+blocks of one read fetched as few coalesced range requests, at most ``max_requests`` at
+once, each retried with backoff and jitter on throttling, 5xx answers, dropped
+connections and timeouts, and never on 403/404 (:class:`~streampack.errors.CorpusUnavailable`,
+one line naming the URL). Credentials come from the backends' own provider chains
+(environment, config files, instance roles): a manifest cannot carry them, and no
+message names them.
+
+Random-access readers address a remote array as :class:`RemoteArray` (slices, and
+``fetch`` of many ranges at once); sequential readers a file object (:func:`open_binary`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import io
+import logging
+import os
+import posixpath
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from streampack.errors import CorpusUnavailable, InvalidConfig
+from streampack.settings import StorageOptions
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+T = TypeVar("T")
+
+
+def is_url(text: str | os.PathLike[str]) -> bool:
+    """Whether ``text`` names a store's object (``scheme://...``) rather than a path;
+    ``file://`` is a local path."""
+    found = _SCHEME.match(str(text))
+    return found is not None and found.group(1).lower() != "file"
+
+
+def redact(text: str) -> str:
+    """``text`` with what may be a credential hidden: a URL's ``user:password@`` and
+    signed-URL query values."""
+    text = re.sub(r"(://)[^/@\s]+@", r"\1***@", text)
+    return re.sub(
+        r"([?&](?:X-Amz-[A-Za-z-]+|X-Goog-[A-Za-z-]+|Signature|sig|token|access_token|key)=)"
+        r"[^&\s'\"]*",
+        r"\1***",
+        text,
+        flags=re.IGNORECASE,
+    )
+
+
+# --- URLs ---------------------------------------------------------------------------------
+
+
+class Url:
+    """A file or folder of a store: ``scheme://path``, joined like a POSIX path (what
+    the readers do with a ``Path``: ``/``, ``name``, ``parent``, ``with_name``)."""
+
+    def __init__(self, text: str, options: StorageOptions | None = None) -> None:
+        found = _SCHEME.match(text)
+        if not found:
+            raise InvalidConfig(f"{redact(text)!r} is not a URL (scheme://...)")
+        self.scheme = found.group(1).lower()
+        self.path = text[found.end() :]
+        self.options = options or StorageOptions()
+
+    def __str__(self) -> str:
+        return redact(f"{self.scheme}://{self.path}")
+
+    def __repr__(self) -> str:
+        return f"Url({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Url) and (self.scheme, self.path) == (other.scheme, other.path)
+
+    def __hash__(self) -> int:
+        return hash((self.scheme, self.path))
+
+    def _with_path(self, path: str) -> Url:
+        out = Url.__new__(Url)
+        out.scheme, out.path, out.options = self.scheme, path, self.options
+        return out
+
+    def __truediv__(self, name: str) -> Url:
+        return self._with_path(posixpath.join(self.path.rstrip("/"), name))
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path.rstrip("/"))
+
+    @property
+    def parent(self) -> Url:
+        return self._with_path(posixpath.dirname(self.path.rstrip("/")))
+
+    def with_name(self, name: str) -> Url:
+        return self.parent / name
+
+    def with_options(self, options: StorageOptions) -> Url:
+        out = self._with_path(self.path)
+        out.options = options
+        return out
+
+    @property
+    def store(self) -> Store:
+        return store_for(self.scheme, self.options)
+
+    @property
+    def address(self) -> str:
+        """What the backend is given: the full URL (fsspec strips its protocol)."""
+        return f"{self.scheme}://{self.path}"
+
+
+CorpusPath = Path | Url
+
+
+def as_location(text: str | Path | Url, options: StorageOptions | None = None) -> CorpusPath:
+    """A path, or a :class:`Url` for a store's address (``file://`` is a path)."""
+    if isinstance(text, Url):
+        return text if options is None else text.with_options(options)
+    if isinstance(text, Path):
+        return text
+    if text.lower().startswith("file://"):
+        return Path(text[len("file://") :])
+    return Url(text, options) if is_url(text) else Path(text)
+
+
+def inside_url(root: Url, name: str, what: str, *, allow_outside: bool) -> Url:
+    """``root / name``, refused when ``name`` is absolute, another URL, or leads out of
+    ``root`` (``..``) unless ``allow_outside`` — the rule local names keep."""
+    if is_url(name):
+        if not allow_outside:
+            raise InvalidConfig(
+                f"{what} {redact(name)!r} is a URL; names in a manifest are relative to "
+                f"the corpus folder {str(root)!r} (set corpus_allow_outside to allow this)"
+            )
+        return Url(name, root.options)
+    if name.startswith("/"):
+        if not allow_outside:
+            raise InvalidConfig(
+                f"{what} {name!r} is an absolute path; names in a manifest are relative to "
+                f"the corpus folder {str(root)!r} (set corpus_allow_outside to allow this)"
+            )
+        return root._with_path(root.path.split("/", 1)[0] + name)  # the same bucket
+    base = root.path.rstrip("/")
+    joined = posixpath.normpath(posixpath.join(base, name))
+    if not allow_outside and not (joined + "/").startswith(base + "/"):
+        raise InvalidConfig(
+            f"{what} {name!r} leads outside the corpus folder {str(root)!r}; names in a "
+            f"manifest stay inside it (set corpus_allow_outside to allow this)"
+        )
+    return root._with_path(joined)
+
+
+# --- Stores -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class StoreCounters:
+    """What one store did, for ``health`` and ``/metrics``."""
+
+    requests: int = 0
+    bytes: int = 0
+    retries: int = 0
+    throttles: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    longest_wait: float = 0.0  # seconds one read waited for the store, at most
+
+
+_STORES: dict[tuple[str, StorageOptions], Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def store_for(scheme: str, options: StorageOptions) -> Store:
+    """The one :class:`Store` of this process for ``scheme`` with ``options``."""
+    key = (scheme, options)
+    with _STORES_LOCK:
+        if key not in _STORES:
+            _STORES[key] = Store(scheme, options)
+        return _STORES[key]
+
+
+def stores() -> list[Store]:
+    """Every store this process opened (its counters, for metrics)."""
+    with _STORES_LOCK:
+        return list(_STORES.values())
+
+
+def _backend_options(scheme: str, options: StorageOptions) -> dict[str, Any]:
+    """What fsspec's backend for ``scheme`` takes for ``options``."""
+    if scheme in ("s3", "s3a"):
+        client: dict[str, Any] = {}
+        if options.region:
+            client["region_name"] = options.region
+        return {
+            "anon": options.anonymous,
+            "endpoint_url": options.endpoint_url,
+            "client_kwargs": client,
+            # One attempt inside botocore: the retries (and their counting) are ours.
+            "config_kwargs": {
+                "retries": {"max_attempts": 1, "mode": "standard"},
+                "connect_timeout": 5,
+                "read_timeout": 30,
+            },
+            "skip_instance_cache": True,
+        }
+    if scheme in ("gs", "gcs"):
+        out: dict[str, Any] = {"skip_instance_cache": True}
+        if options.anonymous:
+            out["token"] = "anon"
+        if options.endpoint_url:
+            out["endpoint_url"] = options.endpoint_url
+        return out
+    if scheme == "hf":
+        out = {"skip_instance_cache": True}
+        if options.endpoint_url:
+            out["endpoint"] = options.endpoint_url
+        if options.anonymous:
+            out["token"] = False
+        return out
+    return {"skip_instance_cache": True}
+
+
+_EXTRAS = {"s3": "remote", "s3a": "remote", "gs": "gcs", "gcs": "gcs", "hf": "hub"}
+
+
+def _filesystem(scheme: str, options: StorageOptions) -> Any:
+    # The backends log where they found credentials and endpoints at INFO: not the
+    # user's business on every start (and never the credentials themselves).
+    for name in ("botocore", "aiobotocore", "s3fs", "fsspec", "gcsfs", "huggingface_hub"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
+    try:
+        import fsspec
+    except ImportError:
+        raise InvalidConfig(
+            f"reading {scheme}:// corpora needs fsspec; install it with: "
+            f"pip install 'streampack[{_EXTRAS.get(scheme, 'remote')}]'"
+        ) from None
+    try:
+        fs = fsspec.filesystem(scheme, **_backend_options(scheme, options))
+    except ImportError as exc:
+        raise InvalidConfig(
+            f"reading {scheme}:// corpora needs its fsspec backend ({exc.name or exc}); "
+            f"install it with: pip install 'streampack[{_EXTRAS.get(scheme, 'remote')}]'"
+        ) from None
+    except ValueError as exc:
+        raise InvalidConfig(f"{scheme}:// is not a storage protocol fsspec knows: {exc}") from None
+    if hasattr(fs, "retries"):  # s3fs retries inside each call too: ours count them
+        fs.retries = 1
+    return fs
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries, where it says one."""
+    for name in ("status", "status_code", "code"):
+        value = getattr(exc, name, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _permanent(exc: BaseException) -> bool:
+    """Errors no retry mends: missing, denied, a bad request."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, CorpusUnavailable)):
+        return True
+    if "pre-condition" in str(exc) or "PreconditionFailed" in str(exc):
+        return True
+    status = _status(exc)
+    return status is not None and 400 <= status < 500 and status not in (408, 429)
+
+
+def _throttled(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}"
+    return _status(exc) in (429, 503) or any(
+        word in text for word in ("SlowDown", "Throttl", "TooManyRequests", "503")
+    )
+
+
+class Store:
+    """One fsspec filesystem with its options: requests retried and counted, at most
+    ``max_requests`` at once, blocks cached on the node (:mod:`.cache`)."""
+
+    def __init__(self, scheme: str, options: StorageOptions) -> None:
+        from streampack.corpus.cache import BlockCache
+
+        self.scheme = scheme
+        self.options = options
+        self.fs = _filesystem(scheme, options)
+        self.counters = StoreCounters()
+        self._lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            options.max_requests, thread_name_prefix=f"streampack-{scheme}"
+        )
+        self.cache = BlockCache(options.cache_dir, options.cache_bytes, self.counters)
+
+    def count(self, **added: float) -> None:
+        with self._lock:
+            for name, value in added.items():
+                setattr(self.counters, name, getattr(self.counters, name) + value)
+
+    def call(self, url: Url, what: str, action: Callable[[], T]) -> T:
+        """``action()`` retried with exponential backoff and full jitter while it fails
+        in a way a retry may mend; a permanent failure, or the last, is one line."""
+        delay = 0.05
+        for attempt in range(1, self.options.retries + 1):
+            try:
+                self.count(requests=1)
+                return action()
+            except Exception as exc:
+                if _permanent(exc) or attempt == self.options.retries:
+                    raise _unavailable(url, what, exc, attempt) from None
+                self.count(retries=1, throttles=int(_throttled(exc)))
+                time.sleep(random.uniform(0, delay))
+                delay = min(delay * 2, 4.0)
+        raise AssertionError("unreachable")
+
+    def info(self, url: Url) -> dict[str, Any]:
+        return self.call(url, "look up", lambda: self.fs.info(url.address))
+
+    def exists(self, url: Url) -> bool:
+        try:
+            self.info(url)
+        except CorpusUnavailable as exc:
+            if exc.missing:
+                return False
+            raise
+        return True
+
+    def fetch(self, file: RemoteFile, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of ``file`` in one range request (retried), of the
+        version pinned when it was opened: S3 asks for it (``If-Match``), every store's
+        answer is checked against the pinned size."""
+        if self.scheme in ("s3", "s3a") and file.etag:
+            data = self.call(file.url, "read", lambda: self._s3_get(file, start, stop))
+        else:
+            data = self.call(
+                file.url,
+                "read",
+                lambda: bytes(self.fs.cat_file(file.url.address, start=start, end=stop)),
+            )
+        if len(data) != stop - start:
+            raise file.changed(f"a read of bytes {start}..{stop} answered {len(data)}")
+        self.count(bytes=len(data))
+        return data
+
+    def _s3_get(self, file: RemoteFile, start: int, stop: int) -> bytes:
+        from fsspec.asyn import sync
+
+        bucket, key, _ = self.fs.split_path(file.url.address)
+
+        async def get() -> bytes:
+            answer = await self.fs._call_s3(
+                "get_object",
+                Bucket=bucket,
+                Key=key,
+                Range=f"bytes={start}-{stop - 1}",
+                IfMatch=f'"{file.etag}"',
+            )
+            try:
+                return bytes(await answer["Body"].read())
+            finally:
+                answer["Body"].close()
+
+        try:
+            return sync(self.fs.loop, get)
+        except OSError as exc:
+            if "pre-condition" in str(exc) or "PreconditionFailed" in str(exc):
+                raise file.changed("the store holds another version (If-Match failed)") from None
+            raise
+
+    def map(self, jobs: list[Callable[[], T]]) -> list[T]:
+        """``jobs`` run at most ``max_requests`` at once; results in order."""
+        if len(jobs) == 1:
+            return [jobs[0]()]
+        return list(self._pool.map(lambda job: job(), jobs))
+
+
+def _unavailable(url: Url, what: str, exc: BaseException, attempts: int) -> CorpusUnavailable:
+    status = _status(exc)
+    if isinstance(exc, CorpusUnavailable):
+        return exc
+    if isinstance(exc, FileNotFoundError) or status == 404:
+        return CorpusUnavailable(f"corpus file {str(url)!r} does not exist", missing=True)
+    if isinstance(exc, PermissionError) or status in (401, 403):
+        return CorpusUnavailable(
+            f"access to corpus file {str(url)!r} is denied ({status or 403}); check the "
+            f"credentials the store's provider chain gives (environment, config files, "
+            f"instance role), or set corpus_anonymous for a public bucket"
+        )
+    detail = redact(f"{type(exc).__name__}: {exc}".splitlines()[0])[:300]
+    return CorpusUnavailable(
+        f"cannot {what} corpus file {str(url)!r} after {attempts} attempt(s): {detail}"
+    )
+
+
+# --- Remote files -------------------------------------------------------------------------
+
+
+def _etag(info: Mapping[str, Any]) -> str:
+    for key in ("ETag", "etag", "generation", "blob_id", "md5Hash", "mtime", "LastModified"):
+        if info.get(key) is not None:
+            return str(info[key]).strip('"')
+    return ""
+
+
+class RemoteFile:
+    """One object of a store, its size and ETag pinned when opened: every block read
+    is of that version (a changed object is refused, never mixed in)."""
+
+    def __init__(self, url: Url, what: str = "corpus file") -> None:
+        self.url = url
+        self.store = url.store
+        info = self.store.info(url)
+        if info.get("type") == "directory":
+            raise InvalidConfig(f"{what} {str(url)!r} is a folder; expected a file")
+        self.size = int(info.get("size") or 0)
+        self.etag = _etag(info)
+        self.block = self.store.options.block_bytes
+        self.key = hashlib.sha256(f"{url.address}\0{self.etag}\0{self.size}".encode()).hexdigest()
+        self.name = url.name
+
+    def __str__(self) -> str:
+        return str(self.url)
+
+    def changed(self, how: str) -> CorpusUnavailable:
+        """The error for an object that changed after it was opened: never mixed in."""
+        return CorpusUnavailable(
+            f"corpus file {str(self.url)!r} changed while it was read ({how}; opened at "
+            f"{self.size} bytes, ETag {self.etag!r}); a corpus must not change under a "
+            f"run: write a new corpus (or manifest) instead and restart on it"
+        )
+
+    def _block_range(self, index: int) -> tuple[int, int]:
+        return index * self.block, min(self.size, (index + 1) * self.block)
+
+    def blocks(self, indices: np.ndarray, ahead: bool = False) -> dict[int, bytes]:
+        """Blocks ``indices`` (sorted, distinct) of the file: from the node cache, the
+        missing ones fetched in runs of consecutive blocks, in parallel (``ahead``: for
+        a later read)."""
+        return self.store.cache.blocks(self, [int(i) for i in indices], ahead)
+
+    def fetch_run(self, first: int, count: int) -> list[bytes]:
+        """Blocks ``first .. first + count - 1`` in one range request, split."""
+        start = first * self.block
+        stop = min(self.size, (first + count) * self.block)
+        began = time.monotonic()
+        data = self.store.fetch(self, start, stop)
+        waited = time.monotonic() - began
+        with self.store._lock:
+            self.store.counters.longest_wait = max(self.store.counters.longest_wait, waited)
+        return [data[k * self.block : (k + 1) * self.block] for k in range(count)]
+
+    def read(self, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` (clipped to the file)."""
+        stop = min(stop, self.size)
+        if stop <= start:
+            return b""
+        first, last = start // self.block, (stop - 1) // self.block
+        got = self.blocks(np.arange(first, last + 1))
+        joined = b"".join(got[i] for i in range(first, last + 1))
+        return joined[start - first * self.block : stop - first * self.block]
+
+    def ranges(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The byte ranges ``[starts[i], stops[i])`` concatenated (uint8), and where
+        each starts in it: every block they touch read once."""
+        starts = np.asarray(starts, np.int64)
+        stops = np.asarray(stops, np.int64)
+        sizes = stops - starts
+        out_starts = np.cumsum(sizes) - sizes
+        out = np.empty(int(sizes.sum()), np.uint8)
+        live = sizes > 0
+        if not live.any():
+            return out, out_starts
+        first, last = starts[live] // self.block, (stops[live] - 1) // self.block
+        spans = last - first + 1
+        needed = np.unique(
+            np.repeat(first - np.cumsum(spans) + spans, spans) + np.arange(spans.sum())
+        )
+        got = self.blocks(needed)
+        for lo, hi, at in zip(
+            starts[live].tolist(), stops[live].tolist(), out_starts[live].tolist()
+        ):
+            b = lo // self.block
+            pos = at
+            while lo < hi:
+                block_lo = b * self.block
+                piece = got[b][lo - block_lo : min(hi, block_lo + self.block) - block_lo]
+                out[pos : pos + len(piece)] = np.frombuffer(piece, np.uint8)
+                pos += len(piece)
+                lo += len(piece)
+                b += 1
+        return out, out_starts
+
+
+class RemoteArray:
+    """A 1-D array of ``dtype`` stored in a remote file from byte ``offset``: sliced
+    like a memory map (each slice read through the cache), and ``fetch`` of many
+    ranges at once (``corpus.gather`` uses it for a window's documents)."""
+
+    def __init__(self, file: RemoteFile, offset: int, dtype: Any, length: int) -> None:
+        self.file = file
+        self.offset = offset
+        self.dtype = np.dtype(dtype)
+        self.length = length
+        self.shape: tuple[int, ...] = (length,)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, key: Any) -> Any:
+        size = self.dtype.itemsize
+        if isinstance(key, slice):
+            lo, hi, step = key.indices(self.length)
+            if step != 1:
+                return self[lo:hi][::step]
+            hi = max(hi, lo)
+            data = self.file.read(self.offset + lo * size, self.offset + hi * size)
+            return np.frombuffer(data, self.dtype)
+        if np.ndim(key) == 0:
+            at = int(key)
+            if at < 0:
+                at += self.length
+            if not 0 <= at < self.length:
+                raise IndexError(f"index {int(key)} out of range for {self.length}")
+            return self[at : at + 1][0]
+        index = np.asarray(key, np.int64)
+        flat = index.ravel()
+        values = self.fetch(flat, np.ones(len(flat), np.int64))
+        return values.reshape(index.shape)
+
+    def fetch(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Elements ``[starts[i], starts[i] + lengths[i])`` for each i, concatenated."""
+        size = self.dtype.itemsize
+        lo = self.offset + np.asarray(starts, np.int64) * size
+        data, _ = self.file.ranges(lo, lo + np.asarray(lengths, np.int64) * size)
+        return data.view(self.dtype)
+
+
+# --- One interface for both -----------------------------------------------------------------
+
+
+def remote(path: CorpusPath, what: str) -> RemoteFile | None:
+    """The remote file at ``path`` (its size and ETag pinned), or None for a local path."""
+    return RemoteFile(path, what) if isinstance(path, Url) else None
+
+
+def exists(path: CorpusPath) -> bool:
+    return path.store.exists(path) if isinstance(path, Url) else path.exists()
+
+
+def read_bytes(path: CorpusPath, what: str) -> bytes:
+    """The whole file (a manifest, an index, a state file)."""
+    if isinstance(path, Url):
+        file = RemoteFile(path, what)
+        return file.read(0, file.size)
+    return path.read_bytes()
+
+
+class _RangedReader(io.RawIOBase):
+    """A remote file as a seekable binary file: reads go through its blocks (and so
+    the cache); a sequential reader gets the next ``prefetch_bytes`` fetched ahead."""
+
+    def __init__(self, file: RemoteFile) -> None:
+        self.file = file
+        self.pos = 0
+        self._ahead: concurrent.futures.Future[Any] | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.file.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def size(self) -> int:
+        return self.file.size
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.file.read(self.pos, self.pos + len(view))
+        view[: len(data)] = data
+        self.pos += len(data)
+        self._prefetch()
+        return len(data)
+
+    def _prefetch(self) -> None:
+        """Fetch the blocks after the cursor (up to ``prefetch_bytes``) in the
+        background, one batch at a time: the next read then finds them cached."""
+        # Never more than half the cache: what is fetched ahead must still be there
+        # when the cursor comes to it.
+        budget = min(self.file.store.options.prefetch_bytes, self.file.store.cache.limit // 2)
+        if budget <= 0 or (self._ahead is not None and not self._ahead.done()):
+            return
+        block = self.file.block
+        first = self.pos // block + 1
+        last = min((self.pos + budget) // block, (self.file.size - 1) // block)
+        if last < first:
+            return
+        indices = np.arange(first, last + 1)
+        self._ahead = _PREFETCH.submit(self.file.blocks, indices, True)
+
+
+_PREFETCH = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="streampack-prefetch")
+
+
+def open_binary(path: CorpusPath, what: str = "corpus file") -> io.BufferedReader:
+    """``path`` opened for reading bytes, local or remote alike."""
+    if isinstance(path, Url):
+        file = RemoteFile(path, what)
+        return io.BufferedReader(_RangedReader(file), buffer_size=min(file.block, 1 << 20))
+    return open(path, "rb")
+
+
+def file_size(path: CorpusPath, what: str = "corpus file") -> int:
+    return RemoteFile(path, what).size if isinstance(path, Url) else path.stat().st_size

