@@ -379,15 +379,21 @@ def _random_access_windows(
 def _sequential_windows(
     source: SequentialReader, epoch: int, spec: CutSpec, start_window: int
 ) -> Iterator[Window]:
+    numbered_from = 0  # the number of the first window cut from ``blocks``
     if isinstance(source, MixtureReader):  # each source shuffles itself, seeded apart
         records = source.epoch_records(epoch, spec.shuffle, spec.seed, spec.shuffle_buffer)
         blocks = _record_blocks(records, source.masked)
     else:
-        blocks = source.blocks()
+        first = _resume_document(source, spec, start_window)
+        if first is not None:  # the windows before cut from the lengths alone
+            blocks = source.blocks(first)  # type: ignore[call-arg]
+            numbered_from = start_window
+        else:
+            blocks = source.blocks()
         if spec.shuffle:
             rng = epoch_rng(spec.seed, epoch)
             blocks = buffered_shuffle_blocks(blocks, spec.shuffle_buffer, rng)
-    for index, pieces in enumerate(_cut_blocks(blocks, spec)):
+    for index, pieces in enumerate(_cut_blocks(blocks, spec), start=numbered_from):
         if index < start_window:
             continue
         block = Block.concat(pieces)
@@ -413,6 +419,31 @@ def _sequential_windows(
             **masks,
             **_mixture_fields(source, block.source_ids),
         )
+
+
+def _resume_document(source: SequentialReader, spec: CutSpec, start_window: int) -> int | None:
+    """The first document of window ``start_window`` of an unshuffled sequential source
+    that knows every document's length without reading it (a JSON Lines line index:
+    ``resume_lengths``), cut from those lengths alone; else None (read from the start)."""
+    lengths = getattr(source, "resume_lengths", lambda: None)() if start_window else None
+    if lengths is None or spec.shuffle:
+        return None
+    empty = np.zeros(0, np.int64)
+    lengths_only = Block(
+        tokens=np.zeros(0, np.int32),
+        lengths=lengths,
+        starts=empty,
+        stops=empty,
+        source_ids=empty,
+        example_ids=empty,
+        problems={},
+    )
+    first = 0
+    for index, pieces in enumerate(_cut_blocks(iter([lengths_only]), spec)):
+        if index == start_window:
+            return first
+        first += sum(len(p) for p in pieces)
+    return first  # past the last window: nothing is left to read
 
 
 def _record_blocks(records: Iterator[Record], masked: bool, size: int = 1024) -> Iterator[Block]:

@@ -32,6 +32,7 @@ the window's pieces are copied out of the page cache).
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import functools
 import mmap
@@ -63,6 +64,10 @@ class RemoteFile(Protocol):
 STALE_AFTER = 30.0
 _POLL = 0.005
 _RUN_BYTES = 64 << 20  # one range request fetches at most this many consecutive blocks
+# ... and a fetch ahead at most this many: the nearest blocks of a prefetch arrive first
+# (runs go out in order, ``max_requests`` at a time), so a reader that catches up with
+# it waits for one short request, not for the whole budget.
+_AHEAD_RUN_BYTES = 2 << 20
 
 
 def _runs(indices: list[int], most: int) -> list[tuple[int, int]]:
@@ -92,9 +97,10 @@ class BlockCache:
         self._lock = threading.Lock()
         self._written = 0  # bytes this process wrote since it last counted the directory
         self._held: dict[str, int] = {}  # block path -> readers holding it (not evicted)
-        # Block path -> when this process will read it (the order of the windows the
-        # cut will produce next, told by ``plan``): the eviction order's known future.
-        self._planned: dict[str, int] = {}
+        # Block path -> when this process will read it, each planned read in turn (the
+        # windows the cut will produce next, told by ``plan``; two windows may share a
+        # block): the eviction order's known future.
+        self._planned: dict[str, collections.deque[int]] = {}
         self._clock = 0
 
     def plan(self, file: RemoteFile, indices: list[int]) -> None:
@@ -102,7 +108,9 @@ class BlockCache:
         with self._lock:
             self._clock += 1
             for i in indices:
-                self._planned.setdefault(self._name(file, i), self._clock)
+                self._planned.setdefault(self._name(file, i), collections.deque()).append(
+                    self._clock
+                )
 
     def _path(self, file: RemoteFile, index: int) -> Path:
         return Path(self._name(file, index))
@@ -219,9 +227,13 @@ class BlockCache:
                     out[i] = data
             if not ahead:
                 self._count(cache_hits=len(out), cache_misses=len(missing))
-                with self._lock:  # read now: no longer a planned use
+                with self._lock:  # read now: its next planned read is done
                     for path in held:
-                        self._planned.pop(path, None)
+                        uses = self._planned.get(path)
+                        if uses:
+                            uses.popleft()
+                        if not uses:
+                            self._planned.pop(path, None)
             if missing:
                 self._fetch(file, missing, out, ahead)
         finally:
@@ -240,7 +252,8 @@ class BlockCache:
             # Few large requests, but at least as many as may run at once (a window's
             # blocks fetched in parallel rather than as one long response).
             spread = -(-len(claimed) // file.store.options.max_requests)
-            runs = _runs(claimed, max(1, min(_RUN_BYTES // file.block, spread)))
+            longest = (_AHEAD_RUN_BYTES if ahead else _RUN_BYTES) // file.block
+            runs = _runs(claimed, max(1, min(longest, spread)))
             jobs: list[Callable[[], list[memoryview]]] = [
                 functools.partial(file.fetch_run, first, count) for first, count in runs
             ]
@@ -295,7 +308,7 @@ class BlockCache:
             return
         with self._lock:
             held = set(self._held)
-            planned = dict(self._planned)
+            planned = {path: uses[0] for path, uses in self._planned.items()}
         # The block needed latest goes first: one this process has no plan for (read
         # already this epoch, or another process's) before any planned one, the most
         # recently read of those first (in a repeating order it comes back last); then

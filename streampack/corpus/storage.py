@@ -9,17 +9,19 @@ be local paths or URLs alike::
 
 A :class:`Url` is any fsspec protocol (``s3://``, ``gs://``, ``hf://``, ``http(s)://``,
 ...), its backend imported on first use (the ``remote``, ``gcs`` and ``hub`` extras).
-A remote file (:class:`RemoteFile`) pins its size and ETag when it is opened; its bytes
-are read in fixed-size blocks through the node-local cache (:mod:`.cache`), the missing
-blocks of one read fetched as few coalesced range requests, at most ``max_requests`` at
-once, each retried with backoff and jitter on throttling, 5xx answers, dropped
-connections and timeouts, and never on 403/404 (:class:`~streampack.errors.CorpusUnavailable`,
-one line naming the URL). Credentials come from the backends' own provider chains
-(environment, config files, instance roles): a manifest cannot carry them, and no
-message names them.
+A remote file (:class:`RemoteFile`) pins its size and ETag when the process first looks
+it up (once: an open's checks and every reader share the lookup; a manifest is looked up
+afresh); its bytes are read in fixed-size blocks through the node-local cache
+(:mod:`.cache`), the missing blocks of one read fetched as few coalesced range requests,
+at most ``max_requests`` at once, each retried with backoff and jitter on throttling,
+5xx answers, dropped connections and timeouts, and never on 403/404
+(:class:`~streampack.errors.CorpusUnavailable`, one line naming the URL). Credentials
+come from the backends' own provider chains (environment, config files, instance
+roles): a manifest cannot carry them, and no message names them.
 
-Random-access readers address a remote array as :class:`RemoteArray` (slices, and
-``fetch`` of many ranges at once); sequential readers a file object (:func:`open_binary`).
+Random-access readers address a remote array as :class:`RemoteArray` (slices, ``fetch``
+of many ranges at once, and ``prefetch`` of the ranges the cut's next windows hold, in
+the background); sequential readers a file object (:func:`open_binary`).
 """
 
 from __future__ import annotations
