@@ -202,7 +202,7 @@ class StorageOptions:
     block_bytes: int = 4 * _MIB
     max_requests: int = 8  # range requests in flight at once, per store
     retries: int = 8  # attempts of one request before it is given up
-    prefetch_bytes: int = 64 * _MIB  # read ahead of a sequential reader's cursor
+    prefetch_bytes: int = 64 * _MIB  # fetched ahead of the cursor (the next windows' blocks)
 
     def __post_init__(self) -> None:
         for name in ("cache_bytes", "block_bytes", "max_requests", "retries"):
@@ -419,7 +419,8 @@ FIELD_HELP: dict[str, str] = {
     "corpus_block_bytes": "bytes per cached block and per smallest range request (default 4 MiB)",
     "corpus_max_requests": "range requests in flight at once per store (default 8)",
     "corpus_retries": "attempts of one request on throttling, 5xx or timeouts (default 8)",
-    "corpus_prefetch_bytes": "bytes read ahead of a sequential reader (default 64 MiB)",
+    "corpus_prefetch_bytes": "bytes fetched ahead of the cursor: the next windows' blocks, or a "
+    "sequential reader's next bytes (default 64 MiB)",
     "worker_endpoint": "where the producer binds for pack workers (use tcp://0.0.0.0:PORT "
     "to accept remote workers)",
     "consumer_endpoint": "where the producer binds for consumers and health checks",

@@ -46,6 +46,7 @@ and the block being shuffled.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -290,16 +291,12 @@ def iter_windows(
         yield from _sequential_windows(source, epoch, spec, start_window)  # type: ignore[arg-type]
 
 
-def _random_access_windows(
-    source: RandomAccessReader, epoch: int, spec: CutSpec, start_window: int
-) -> Iterator[Window]:
-    if isinstance(source, MixtureReader):
-        order: np.ndarray | MixtureOrder | None = source.epoch_order(epoch, spec.shuffle, spec.seed)
-    else:
-        order = corpus_permutation(source.num_documents, spec.seed, epoch) if spec.shuffle else None
+def _cuts(
+    source: RandomAccessReader, order: np.ndarray | MixtureOrder | None, spec: CutSpec
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The ids and lengths of each window of the epoch's ``order``, in turn."""
     n = source.num_documents if order is None else len(order)
     position = 0
-    index = 0
     k = 192
     while position < n:
         end = min(n, position + spec.window_documents)
@@ -308,49 +305,95 @@ def _random_access_windows(
             source, order, position, end, spec.window_tokens, first_chunk=k + k // 4 + 16
         )
         k = _cut(lengths, spec)
-        ids, lengths = ids[:k], lengths[:k]
         position += k
-        if index >= start_window:
-            tokens, dtype_ok = source.gather(ids, lengths)
-            premarked = [
-                (i, "wrong_dtype", WRONG_DTYPE_DETAIL) for i in np.flatnonzero(~dtype_ok).tolist()
-            ]
-            masks: dict[str, Any] = {}
-            if source.masked:
-                mask, mask_lengths, problems = source.gather_mask(ids, lengths, tokens)
-                masks = {"mask": mask, "mask_lengths": mask_lengths}
-                premarked += problems
-            yield _screen(
-                epoch,
-                index,
-                source.binding.vocab_size,
-                spec.capacity,
-                tokens,
-                lengths,
-                starts=np.zeros(k, dtype=np.int64),
-                stops=lengths.copy(),
-                source_ids=ids,
-                example_ids=ids,
-                premarked=premarked,
-                locate=source.location,
-                **masks,
-                **_mixture_fields(source, ids),
-            )
-        index += 1
+        yield ids[:k], lengths[:k]
+
+
+def _prefetched(
+    source: RandomAccessReader, cuts: Iterator[tuple[np.ndarray, np.ndarray]], start_window: int
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """``(index, ids, lengths)`` of each window, the windows after it already told to
+    a remote source (``prefetch``) while their bytes stay within its
+    ``prefetch_bytes``: the order is known, so what the next windows read is fetched
+    while this one is screened and packed (windows before ``start_window`` are cut,
+    not fetched)."""
+    budget = int(getattr(source, "prefetch_bytes", 0))
+    ahead: collections.deque[tuple[int, np.ndarray, np.ndarray, int]] = collections.deque()
+    told = 0  # bytes of the windows in ``ahead``
+    cut = enumerate(cuts)
+    while True:
+        # Always the next window, then more while the budget lasts.
+        while not ahead or (budget and told < budget):
+            index, ids_lengths = next(cut, (-1, None))
+            if ids_lengths is None:
+                break
+            ids, lengths = ids_lengths
+            size = source.prefetch(ids, lengths) if budget and index >= start_window else 0  # type: ignore[attr-defined]
+            ahead.append((index, ids, lengths, size))
+            told += size
+        if not ahead:
+            return
+        index, ids, lengths, size = ahead.popleft()
+        told -= size
+        yield index, ids, lengths
+
+
+def _random_access_windows(
+    source: RandomAccessReader, epoch: int, spec: CutSpec, start_window: int
+) -> Iterator[Window]:
+    if isinstance(source, MixtureReader):
+        order: np.ndarray | MixtureOrder | None = source.epoch_order(epoch, spec.shuffle, spec.seed)
+    else:
+        order = corpus_permutation(source.num_documents, spec.seed, epoch) if spec.shuffle else None
+    for index, ids, lengths in _prefetched(source, _cuts(source, order, spec), start_window):
+        if index < start_window:
+            continue
+        k = len(ids)
+        tokens, dtype_ok = source.gather(ids, lengths)
+        premarked = [
+            (i, "wrong_dtype", WRONG_DTYPE_DETAIL) for i in np.flatnonzero(~dtype_ok).tolist()
+        ]
+        masks: dict[str, Any] = {}
+        if source.masked:
+            mask, mask_lengths, problems = source.gather_mask(ids, lengths, tokens)
+            masks = {"mask": mask, "mask_lengths": mask_lengths}
+            premarked += problems
+        yield _screen(
+            epoch,
+            index,
+            source.binding.vocab_size,
+            spec.capacity,
+            tokens,
+            lengths,
+            starts=np.zeros(k, dtype=np.int64),
+            stops=lengths.copy(),
+            source_ids=ids,
+            example_ids=ids,
+            premarked=premarked,
+            locate=source.location,
+            **masks,
+            **_mixture_fields(source, ids),
+        )
 
 
 def _sequential_windows(
     source: SequentialReader, epoch: int, spec: CutSpec, start_window: int
 ) -> Iterator[Window]:
+    numbered_from = 0  # the number of the first window cut from ``blocks``
     if isinstance(source, MixtureReader):  # each source shuffles itself, seeded apart
         records = source.epoch_records(epoch, spec.shuffle, spec.seed, spec.shuffle_buffer)
         blocks = _record_blocks(records, source.masked)
     else:
-        blocks = source.blocks()
+        first = _resume_document(source, spec, start_window)
+        if first is not None:  # the windows before cut from the lengths alone
+            blocks = source.blocks(first)  # type: ignore[call-arg]
+            numbered_from = start_window
+        else:
+            blocks = source.blocks()
         if spec.shuffle:
             rng = epoch_rng(spec.seed, epoch)
             blocks = buffered_shuffle_blocks(blocks, spec.shuffle_buffer, rng)
-    for index, pieces in enumerate(_cut_blocks(blocks, spec)):
+    for index, pieces in enumerate(_cut_blocks(blocks, spec), start=numbered_from):
         if index < start_window:
             continue
         block = Block.concat(pieces)
@@ -376,6 +419,31 @@ def _sequential_windows(
             **masks,
             **_mixture_fields(source, block.source_ids),
         )
+
+
+def _resume_document(source: SequentialReader, spec: CutSpec, start_window: int) -> int | None:
+    """The first document of window ``start_window`` of an unshuffled sequential source
+    that knows every document's length without reading it (a JSON Lines line index:
+    ``resume_lengths``), cut from those lengths alone; else None (read from the start)."""
+    lengths = getattr(source, "resume_lengths", lambda: None)() if start_window else None
+    if lengths is None or spec.shuffle:
+        return None
+    empty = np.zeros(0, np.int64)
+    lengths_only = Block(
+        tokens=np.zeros(0, np.int32),
+        lengths=lengths,
+        starts=empty,
+        stops=empty,
+        source_ids=empty,
+        example_ids=empty,
+        problems={},
+    )
+    first = 0
+    for index, pieces in enumerate(_cut_blocks(iter([lengths_only]), spec)):
+        if index == start_window:
+            return first
+        first += sum(len(p) for p in pieces)
+    return first  # past the last window: nothing is left to read
 
 
 def _record_blocks(records: Iterator[Record], masked: bool, size: int = 1024) -> Iterator[Block]:

@@ -15,18 +15,27 @@ claims it and fetches, the other waits for the block to appear — it is downloa
 
 The directory stays under ``cache_bytes`` (plus the blocks of the reads in progress, and
 a tenth of the limit written between two counts): when it is over, blocks are evicted
-until it is at 90%. The order is the reading order's: a corpus is read in a
-known, repeating order (every epoch the same files, or a permutation of them), so the
-block read most recently is the one needed again latest, and goes first (Belady's
-choice for a cyclic scan, where least-recently-used would miss every block). Blocks
-this process is reading or has fetched ahead and not yet read are kept. A cache
-smaller than the corpus still gives the exact stream: a block evicted is fetched again.
+until it is at 90%. The order is the reading order's, which is known (Belady's choice:
+the block needed latest goes first). The cut tells the cache which blocks the windows
+it produces next will read, in order (``plan``, through the prefetch); a block with no
+such plan is needed later than every planned one — read already this epoch, it comes
+back only in a later one, and of those the most recently read comes back last (a
+repeating order: least-recently-used would miss every block of a cyclic scan) — so
+those go first, most recently read first, then the planned blocks, the latest planned
+first. Blocks a read in progress holds are kept. A cache smaller than the corpus still
+gives the exact stream: a block evicted is fetched again.
+
+A cached block is read as a memory map of its file (no request, no copy of the block:
+the window's pieces are copied out of the page cache).
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
+import contextlib
 import functools
+import mmap
 import os
 import shutil
 import tempfile
@@ -35,6 +44,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 
 class RemoteFile(Protocol):
@@ -46,7 +57,7 @@ class RemoteFile(Protocol):
     block: int
     store: Any  # its store: ``map(jobs)`` runs range requests, bounded in number
 
-    def fetch_run(self, first: int, count: int) -> list[bytes]: ...
+    def fetch_run(self, first: int, count: int) -> list[memoryview]: ...
 
 
 #: A claim older than this (seconds) is abandoned: its process died or hung.
@@ -76,40 +87,69 @@ class BlockCache:
             atexit.register(shutil.rmtree, directory, ignore_errors=True)
         self.root = Path(directory)
         self.root.mkdir(parents=True, exist_ok=True)
+        self._root = str(self.root)
         self.limit = limit
         self.counters = counters
         self._lock = threading.Lock()
         self._written = 0  # bytes this process wrote since it last counted the directory
         self._held: dict[str, int] = {}  # block path -> readers holding it (not evicted)
+        # Block path -> when this process will read it, each planned read in turn (the
+        # windows the cut will produce next, told by ``plan``; two windows may share a
+        # block): the eviction order's known future.
+        self._planned: dict[str, collections.deque[int]] = {}
+        self._clock = 0
+
+    def plan(self, file: RemoteFile, indices: list[int]) -> None:
+        """Blocks ``indices`` of ``file`` will be read next, after those planned before."""
+        with self._lock:
+            self._clock += 1
+            for i in indices:
+                self._planned.setdefault(self._name(file, i), collections.deque()).append(
+                    self._clock
+                )
 
     def _path(self, file: RemoteFile, index: int) -> Path:
-        return self.root / file.key[:2] / file.key / str(index)
+        return Path(self._name(file, index))
+
+    def _name(self, file: RemoteFile, index: int) -> str:
+        """The block's file name as a string (built per block of every read: no Path)."""
+        return f"{self._root}{os.sep}{file.key[:2]}{os.sep}{file.key}{os.sep}{index}"
 
     def _expected(self, file: RemoteFile, index: int) -> int:
         return min(file.size, (index + 1) * file.block) - index * file.block
 
-    def _read(self, file: RemoteFile, index: int) -> bytes | None:
-        path = self._path(file, index)
+    def _read(self, file: RemoteFile, index: int) -> np.ndarray | None:
+        """The cached block, memory-mapped (no copy: a window's pieces are copied
+        straight out of the page cache), or None."""
+        path = self._name(file, index)
         try:
-            data = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
-        if len(data) != self._expected(file, index):  # not ours to trust: fetch again
-            path.unlink(missing_ok=True)
-            return None
         try:
-            os.utime(path)  # read now: the eviction order's clock
-        except OSError:
-            pass
-        return data
+            size = os.fstat(fd).st_size
+            if size != self._expected(file, index):  # not ours to trust: fetch again
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                return None
+            if size == 0:
+                return np.zeros(0, np.uint8)
+            data = np.frombuffer(mmap.mmap(fd, size, access=mmap.ACCESS_READ), np.uint8)
+            try:
+                os.utime(fd)  # read now: the eviction order's clock (shared by processes)
+            except OSError:
+                pass
+            return data
+        finally:
+            os.close(fd)
 
     def _present(self, file: RemoteFile, index: int) -> bool:
         try:
-            return self._path(file, index).stat().st_size == self._expected(file, index)
+            return os.stat(self._name(file, index)).st_size == self._expected(file, index)
         except FileNotFoundError:
             return False
 
-    def _write(self, file: RemoteFile, index: int, data: bytes, ahead: bool = False) -> None:
+    def _write(self, file: RemoteFile, index: int, data: Any, ahead: bool = False) -> None:
         path = self._path(file, index)
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{index}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -145,7 +185,7 @@ class BlockCache:
     def _release(self, file: RemoteFile, index: int) -> None:
         self._claim_path(file, index).unlink(missing_ok=True)
 
-    def _wait(self, file: RemoteFile, index: int) -> bytes | None:
+    def _wait(self, file: RemoteFile, index: int) -> np.ndarray | None:
         """The block another process is fetching, once it is there; None when its
         claim went away without it (the fetch failed) or went stale."""
         claim = self._claim_path(file, index)
@@ -159,15 +199,17 @@ class BlockCache:
             time.sleep(_POLL)
         return None
 
-    def blocks(self, file: RemoteFile, indices: list[int], ahead: bool = False) -> dict[int, bytes]:
+    def blocks(
+        self, file: RemoteFile, indices: list[int], ahead: bool = False
+    ) -> dict[int, np.ndarray]:
         """Blocks ``indices`` (sorted, distinct) of ``file``: cached ones read, missing
         ones fetched once on the node (claimed; runs of consecutive blocks in one range
         request each, at most ``max_requests`` at once), then written here. ``ahead``:
         fetched for a later read (prefetch), so not marked read."""
-        held = [str(self._path(file, i)) for i in indices]
+        held = [self._name(file, i) for i in indices]
         self._hold(held, 1)
         try:
-            out: dict[int, bytes] = {}
+            out: dict[int, np.ndarray] = {}
             missing = []
             for i in indices:
                 if ahead:  # only what is not here yet: nothing read now
@@ -181,6 +223,13 @@ class BlockCache:
                     out[i] = data
             if not ahead:
                 self._count(cache_hits=len(out), cache_misses=len(missing))
+                with self._lock:  # read now: its next planned read is done
+                    for path in held:
+                        uses = self._planned.get(path)
+                        if uses:
+                            uses.popleft()
+                        if not uses:
+                            self._planned.pop(path, None)
             if missing:
                 self._fetch(file, missing, out, ahead)
         finally:
@@ -189,29 +238,35 @@ class BlockCache:
         return out
 
     def _fetch(
-        self, file: RemoteFile, missing: list[int], out: dict[int, bytes], ahead: bool
+        self, file: RemoteFile, missing: list[int], out: dict[int, np.ndarray], ahead: bool
     ) -> None:
         claimed: list[int] = []
         others: list[int] = []
         for i in missing:
             (claimed if self._claim(file, i) else others).append(i)
         try:
-            runs = _runs(claimed, max(1, _RUN_BYTES // file.block))
-            jobs: list[Callable[[], list[bytes]]] = [
+            # Few large requests, but at least as many as may run at once (a window's
+            # blocks fetched in parallel rather than as one long response).
+            spread = -(-len(claimed) // file.store.options.max_requests)
+            # (Shorter runs ahead, for the nearest blocks to arrive first, measured
+            # slower on loopback: a request's overhead outweighs the earlier arrival.)
+            runs = _runs(claimed, max(1, min(_RUN_BYTES // file.block, spread)))
+            jobs: list[Callable[[], list[memoryview]]] = [
                 functools.partial(file.fetch_run, first, count) for first, count in runs
             ]
             for (first, _), pieces in zip(runs, file.store.map(jobs), strict=True):
                 for k, data in enumerate(pieces):
                     self._write(file, first + k, data, ahead)
-                    out[first + k] = data
+                    out[first + k] = np.frombuffer(data, np.uint8)
         finally:
             for i in claimed:
                 self._release(file, i)
         for i in others:
             waited = self._wait(file, i)
             if waited is None:  # the other fetcher failed or hung: fetch it here
-                waited = file.fetch_run(i, 1)[0]
-                self._write(file, i, waited, ahead)
+                fetched = file.fetch_run(i, 1)[0]
+                self._write(file, i, fetched, ahead)
+                waited = np.frombuffer(fetched, np.uint8)
             out[i] = waited
 
     def _hold(self, paths: list[str], step: int) -> None:
@@ -250,7 +305,13 @@ class BlockCache:
             return
         with self._lock:
             held = set(self._held)
-        blocks.sort(reverse=True)  # most recently read first: needed again latest
+            planned = {path: uses[0] for path, uses in self._planned.items()}
+        # The block needed latest goes first: one this process has no plan for (read
+        # already this epoch, or another process's) before any planned one, the most
+        # recently read of those first (in a repeating order it comes back last); then
+        # the planned ones, the latest planned first.
+        blocks.sort(key=lambda b: (-planned.get(b[2], 0), -b[0]))
+        blocks.sort(key=lambda b: b[2] in planned)
         target = self.limit * 9 // 10
         evicted = 0
         for _, size, path in blocks:

@@ -31,7 +31,13 @@ every line.
 
 A remote file (a URL: :mod:`streampack.corpus.storage`) is read the same way through a
 file object whose reads go through the node cache, the blocks after the cursor fetched
-ahead (``corpus_prefetch_bytes``).
+ahead (``corpus_prefetch_bytes``). Its first whole pass leaves a line index beside the
+node's block cache (``DIR/index/KEY.jsonl-index.npy``, named by the object's version, never
+evicted with the blocks): per document its line's byte offset, line number and length
+as read. A resume in corpus order (no shuffle) then cuts the windows before it from
+those lengths and starts reading at its first document's line, rather than reading and
+parsing the file from its start (:meth:`JsonlSource.resume_lengths`). A shuffled resume
+still reads from the start: the shuffle buffer holds documents from anywhere before.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,7 +55,7 @@ import numpy as np
 from streampack.corpus.files import regular_file
 from streampack.corpus.masks import MaskSpec, labels_to_mask, mask_spec
 from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
-from streampack.corpus.storage import CorpusPath, file_size, open_binary
+from streampack.corpus.storage import CorpusPath, RemoteFile, Url, file_size, open_binary
 from streampack.errors import InternalError, InvalidConfig
 
 #: Non-blank lines read at open: a file where none is a document is refused.
@@ -93,26 +101,57 @@ class JsonlSource(SingleSource):
         for block in self.blocks():
             yield from block.records(self.location)
 
-    def blocks(self) -> Iterator[Block]:
-        """Every document, in blocks of about ``BLOCK_BYTES`` of lines."""
+    def blocks(self, first: int = 0) -> Iterator[Block]:
+        """Every document from source id ``first`` (a resume: only with every file's
+        line index, see ``resume_lengths``), in blocks of about ``BLOCK_BYTES`` of
+        lines. A whole pass of a remote file writes its line index."""
         source_id = 0
         for number, path in enumerate(self.paths):
+            index = _load_index(path) if first > source_id else None
+            if index is not None and first >= source_id + len(index) - 1:
+                self._blank[number] = int(index[-1, 2])  # skipped whole
+                source_id += len(index) - 1
+                continue
             blank = 0
-            line_number = 1  # of the chunk's first line
-            for chunk in _chunks(path):
+            line_number, offset = 1, 0  # of the chunk's first line, and its byte offset
+            if index is not None:  # resume inside this file, at document ``first``
+                offset, line_number, _ = (int(v) for v in index[first - source_id])
+                blank = int(index[-1, 2])
+                source_id = first
+            rows: list[np.ndarray] | None = [] if offset == 0 and isinstance(path, Url) else None
+            for chunk in _chunks(path, offset):
                 starts, ends = _line_bounds(chunk)
                 filled = _not_blank(chunk, starts, ends)
                 lines = line_number + np.flatnonzero(filled)
                 block = self._parsed(
                     chunk, starts[filled], ends[filled], source_id, path.name, lines
                 )
+                if rows is not None and len(block) == len(lines):
+                    rows.append(np.stack([offset + starts[filled], lines, block.lengths], 1))
+                else:
+                    rows = None
+                offset += len(chunk)
                 del chunk  # parsed: a long line's bytes go before its window is screened
+                if source_id < first:  # a file without its index (gone): skip what is before
+                    block = block.slice(min(len(block), first - source_id), len(block))
                 if len(block):
                     yield block
-                blank += len(starts) - len(lines)
+                if index is None:
+                    blank += len(starts) - len(lines)
                 source_id += len(lines)
                 line_number += len(starts)
             self._blank[number] = blank
+            if rows is not None:
+                _save_index(path, rows, offset, line_number, blank)
+
+    def resume_lengths(self) -> np.ndarray | None:
+        """Every document's length as read (what the window cut sees), from the files'
+        line indexes — None unless every file has one (a remote file read whole once):
+        then ``blocks(first)`` starts at any document without reading those before."""
+        indexes = [_load_index(path) for path in self.paths]
+        if any(index is None for index in indexes):
+            return None
+        return np.concatenate([index[:-1, 2] for index in indexes if index is not None])
 
     def location(self, source_id: int) -> str:
         raise InternalError("JSON Lines blocks carry their locations (a bug)")
@@ -203,10 +242,52 @@ class JsonlSource(SingleSource):
 BLOCK_BYTES = 4 << 20  # lines read and parsed at a time (more for one longer line)
 
 
-def _chunks(path: CorpusPath) -> Iterator[bytes | bytearray]:
-    """The file's bytes in pieces of whole lines, about ``BLOCK_BYTES`` each (a line
-    longer than that is a piece of its own); the last may lack its newline."""
+def _index_path(path: CorpusPath) -> Path | None:
+    """Where a remote file's line index is kept (module docstring), else None."""
+    if not isinstance(path, Url):
+        return None
+    file = RemoteFile(path, "JSON Lines file")
+    return file.store.cache.root / "index" / f"{file.key}.jsonl-index.npy"
+
+
+def _load_index(path: CorpusPath) -> np.ndarray | None:
+    """The file's line index: int64 rows ``(byte offset, line number, length)`` per
+    document, then ``(file size, lines + 1, blank lines)``; None when there is none
+    (or it is not whole)."""
+    where = _index_path(path)
+    if where is None:
+        return None
+    try:
+        index = np.load(where, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    if index.ndim != 2 or index.shape[1] != 3 or not len(index) or index.dtype != np.int64:
+        return None
+    return index
+
+
+def _save_index(
+    path: CorpusPath, rows: list[np.ndarray], size: int, lines: int, blank: int
+) -> None:
+    """Write the line index of a whole pass (atomically: a reader sees all or none)."""
+    where = _index_path(path)
+    if where is None:
+        return
+    tail = np.array([[size, lines, blank]], np.int64)
+    index = np.concatenate([*(r.astype(np.int64) for r in rows), tail])
+    where.parent.mkdir(parents=True, exist_ok=True)
+    temporary = where.with_name(f".{where.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as handle:
+        np.save(handle, index, allow_pickle=False)
+    os.replace(temporary, where)
+
+
+def _chunks(path: CorpusPath, offset: int = 0) -> Iterator[bytes | bytearray]:
+    """The file's bytes from ``offset`` (a line's start) in pieces of whole lines, about
+    ``BLOCK_BYTES`` each (a line longer than that is a piece of its own); the last may
+    lack its newline."""
     with open_binary(path, "JSON Lines file") as handle:
+        handle.seek(offset)
         # A callable's iterator keeps no piece between steps: a long line's bytes are
         # freed as soon as the reader has parsed them.
         yield from iter(functools.partial(_next_chunk, handle), b"")

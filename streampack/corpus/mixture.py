@@ -163,6 +163,21 @@ class MixtureReader:
         k = int(self.source_index(np.array([source_id]))[0])
         return f"source {k}: {self.readers[k].location(source_id - int(self._first[k]))}"
 
+    @property
+    def prefetch_bytes(self) -> int:
+        """As ``OffsetsReader.prefetch_bytes``: the largest of the sources'."""
+        return max(getattr(r, "prefetch_bytes", 0) for r in self.readers)
+
+    def prefetch(self, ids: np.ndarray, lengths: np.ndarray) -> int:
+        """As ``OffsetsReader.prefetch``: each source's documents of ``ids``."""
+        source = self.source_index(ids)
+        total = 0
+        for k in np.unique(source).tolist():
+            mine = source == k
+            if getattr(self.readers[k], "prefetch_bytes", 0):
+                total += self.readers[k].prefetch(ids[mine] - self._first[k], lengths[mine])
+        return total
+
     def gather(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tokens of documents ``ids`` concatenated in that order (each source gathers
         its own, in its dtype; int64 when some source's are), and dtype flags."""

@@ -164,6 +164,30 @@ class OffsetsReader(SingleSource):
     def _locate(self, ids: np.ndarray) -> np.ndarray:
         return np.searchsorted(self._first, ids, side="right") - 1
 
+    @property
+    def prefetch_bytes(self) -> int:
+        """How many bytes of the windows to come may be fetched ahead: a remote
+        corpus's store budget (``storage.Store.prefetch_budget``), 0 for local files."""
+        remote = [t for t in self._tokens if isinstance(t, RemoteArray)]
+        return remote[0].file.store.prefetch_budget if remote else 0
+
+    def prefetch(self, ids: np.ndarray, lengths: np.ndarray) -> int:
+        """Start fetching what documents ``ids`` (a window the cut will produce next)
+        are stored in — tokens and mask of remote parts — for their ``gather`` to find
+        it cached; the bytes that is."""
+        part = self._locate(ids)
+        total = 0
+        for s, sel in self._by_part(part, self._parts_of(part)):
+            local = ids[sel] - self._first[s]
+            stored = self.parts[s]
+            mask_offsets = stored.offsets if stored.mask_offsets is None else stored.mask_offsets
+            for values, offsets in ((stored.tokens, stored.offsets), (stored.mask, mask_offsets)):
+                if isinstance(values, RemoteArray):
+                    starts = np.asarray(offsets[local], np.int64)
+                    stops = np.asarray(offsets[local + 1], np.int64)
+                    total += values.prefetch(starts, stops - starts)
+        return total
+
     def _parts_of(self, part: np.ndarray) -> np.ndarray:
         """The distinct parts in ``part`` (usually one: no sort needed then)."""
         if len(part) and part.min() == part.max():

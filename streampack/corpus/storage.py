@@ -9,17 +9,19 @@ be local paths or URLs alike::
 
 A :class:`Url` is any fsspec protocol (``s3://``, ``gs://``, ``hf://``, ``http(s)://``,
 ...), its backend imported on first use (the ``remote``, ``gcs`` and ``hub`` extras).
-A remote file (:class:`RemoteFile`) pins its size and ETag when it is opened; its bytes
-are read in fixed-size blocks through the node-local cache (:mod:`.cache`), the missing
-blocks of one read fetched as few coalesced range requests, at most ``max_requests`` at
-once, each retried with backoff and jitter on throttling, 5xx answers, dropped
-connections and timeouts, and never on 403/404 (:class:`~streampack.errors.CorpusUnavailable`,
-one line naming the URL). Credentials come from the backends' own provider chains
-(environment, config files, instance roles): a manifest cannot carry them, and no
-message names them.
+A remote file (:class:`RemoteFile`) pins its size and ETag when the process first looks
+it up (once: an open's checks and every reader share the lookup; a manifest is looked up
+afresh); its bytes are read in fixed-size blocks through the node-local cache
+(:mod:`.cache`), the missing blocks of one read fetched as few coalesced range requests,
+at most ``max_requests`` at once, each retried with backoff and jitter on throttling,
+5xx answers, dropped connections and timeouts, and never on 403/404
+(:class:`~streampack.errors.CorpusUnavailable`, one line naming the URL). Credentials
+come from the backends' own provider chains (environment, config files, instance
+roles): a manifest cannot carry them, and no message names them.
 
-Random-access readers address a remote array as :class:`RemoteArray` (slices, and
-``fetch`` of many ranges at once); sequential readers a file object (:func:`open_binary`).
+Random-access readers address a remote array as :class:`RemoteArray` (slices, ``fetch``
+of many ranges at once, and ``prefetch`` of the ranges the cut's next windows hold, in
+the background); sequential readers a file object (:func:`open_binary`).
 """
 
 from __future__ import annotations
@@ -317,6 +319,14 @@ class Store:
             options.max_requests, thread_name_prefix=f"streampack-{scheme}"
         )
         self.cache = BlockCache(options.cache_dir, options.cache_bytes, self.counters)
+        self._infos: dict[Url, dict[str, Any]] = {}
+
+    @property
+    def prefetch_budget(self) -> int:
+        """Bytes a reader may have fetched ahead of its cursor: ``prefetch_bytes``, and
+        never more than half the cache (what is fetched ahead must still be there when
+        the cursor comes to it)."""
+        return min(self.options.prefetch_bytes, self.cache.limit // 2)
 
     def count(self, **added: float) -> None:
         with self._lock:
@@ -339,8 +349,19 @@ class Store:
                 delay = min(delay * 2, 4.0)
         raise AssertionError("unreachable")
 
-    def info(self, url: Url) -> dict[str, Any]:
-        return self.call(url, "look up", lambda: self.fs.info(url.address))
+    def info(self, url: Url, fresh: bool = False) -> dict[str, Any]:
+        """The object's size, ETag, ... looked up once per process (``fresh``: again):
+        every reader of a file in this process then reads the version pinned then, and
+        opening a corpus costs one request per file, not one per check."""
+        if not fresh:
+            with self._lock:
+                known = self._infos.get(url)
+            if known is not None:
+                return known
+        found = self.call(url, "look up", lambda: self.fs.info(url.address))
+        with self._lock:
+            self._infos[url] = found
+        return found
 
     def exists(self, url: Url) -> bool:
         try:
@@ -432,10 +453,10 @@ class RemoteFile:
     """One object of a store, its size and ETag pinned when opened: every block read
     is of that version (a changed object is refused, never mixed in)."""
 
-    def __init__(self, url: Url, what: str = "corpus file") -> None:
+    def __init__(self, url: Url, what: str = "corpus file", fresh: bool = False) -> None:
         self.url = url
         self.store = url.store
-        info = self.store.info(url)
+        info = self.store.info(url, fresh)
         if info.get("type") == "directory":
             raise InvalidConfig(f"{what} {str(url)!r} is a folder; expected a file")
         self.size = int(info.get("size") or 0)
@@ -458,18 +479,19 @@ class RemoteFile:
     def _block_range(self, index: int) -> tuple[int, int]:
         return index * self.block, min(self.size, (index + 1) * self.block)
 
-    def blocks(self, indices: np.ndarray, ahead: bool = False) -> dict[int, bytes]:
-        """Blocks ``indices`` (sorted, distinct) of the file: from the node cache, the
-        missing ones fetched in runs of consecutive blocks, in parallel (``ahead``: for
-        a later read)."""
+    def blocks(self, indices: np.ndarray, ahead: bool = False) -> dict[int, np.ndarray]:
+        """Blocks ``indices`` (sorted, distinct) of the file (uint8 arrays): from the
+        node cache, the missing ones fetched in runs of consecutive blocks, in parallel
+        (``ahead``: for a later read)."""
         return self.store.cache.blocks(self, [int(i) for i in indices], ahead)
 
-    def fetch_run(self, first: int, count: int) -> list[bytes]:
-        """Blocks ``first .. first + count - 1`` in one range request, split."""
+    def fetch_run(self, first: int, count: int) -> list[memoryview]:
+        """Blocks ``first .. first + count - 1`` in one range request, split (views of
+        the one answer, not copies)."""
         start = first * self.block
         stop = min(self.size, (first + count) * self.block)
         began = time.monotonic()
-        data = self.store.fetch(self, start, stop)
+        data = memoryview(self.store.fetch(self, start, stop))
         waited = time.monotonic() - began
         with self.store._lock:
             self.store.counters.longest_wait = max(self.store.counters.longest_wait, waited)
@@ -482,12 +504,31 @@ class RemoteFile:
             return b""
         first, last = start // self.block, (stop - 1) // self.block
         got = self.blocks(np.arange(first, last + 1))
-        joined = b"".join(got[i] for i in range(first, last + 1))
+        joined = b"".join(got[i].data for i in range(first, last + 1))  # no kernel: a manifest
         return joined[start - first * self.block : stop - first * self.block]
+
+    def _pieces(
+        self, starts: np.ndarray, stops: np.ndarray, at: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The ranges ``[starts[i], stops[i])`` (non-empty) cut at block boundaries:
+        each piece's block, its start in the block, its length and where it goes
+        (``at[i]`` is where range i goes), ordered by block."""
+        first, last = starts // self.block, (stops - 1) // self.block
+        spans = last - first + 1
+        owner = np.repeat(np.arange(len(starts)), spans)
+        block = first[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(spans) - spans, spans)
+        lo = np.maximum(starts[owner], block * self.block)
+        hi = np.minimum(stops[owner], (block + 1) * self.block)
+        order = np.argsort(block, kind="stable")
+        block, lo, hi, owner = block[order], lo[order], hi[order], owner[order]
+        return block, lo - block * self.block, hi - lo, at[owner] + lo - starts[owner]
 
     def ranges(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The byte ranges ``[starts[i], stops[i])`` concatenated (uint8), and where
-        each starts in it: every block they touch read once."""
+        each starts in it: every block they touch read once (fetched or mapped from
+        the cache), its pieces copied out in one compiled call per block."""
+        from streampack.kernels.corpus_cpu import copy_ranges
+
         starts = np.asarray(starts, np.int64)
         stops = np.asarray(stops, np.int64)
         sizes = stops - starts
@@ -496,25 +537,40 @@ class RemoteFile:
         live = sizes > 0
         if not live.any():
             return out, out_starts
+        block, lo, length, to = self._pieces(starts[live], stops[live], out_starts[live])
+        bounds = np.flatnonzero(np.diff(block)) + 1
+        needed = block[np.concatenate([[0], bounds])]
+        got = self.blocks(needed)
+        for b, (p, q) in zip(
+            needed.tolist(),
+            zip(np.concatenate([[0], bounds]).tolist(), np.append(bounds, len(block)).tolist()),
+            strict=True,
+        ):
+            copy_ranges(got[b], lo[p:q], length[p:q], out, to[p:q])
+        return out, out_starts
+
+    def prefetch(self, starts: np.ndarray, stops: np.ndarray) -> int:
+        """Fetch the blocks the byte ranges touch in the background, for a later read
+        (the windows the cut will produce next); the bytes of those blocks."""
+        starts = np.asarray(starts, np.int64)
+        stops = np.minimum(np.asarray(stops, np.int64), self.size)
+        live = stops > starts
+        if not live.any():
+            return 0
         first, last = starts[live] // self.block, (stops[live] - 1) // self.block
         spans = last - first + 1
         needed = np.unique(
-            np.repeat(first - np.cumsum(spans) + spans, spans) + np.arange(spans.sum())
+            np.repeat(first - np.cumsum(spans) + spans, spans) + np.arange(int(spans.sum()))
         )
-        got = self.blocks(needed)
-        for lo, hi, at in zip(
-            starts[live].tolist(), stops[live].tolist(), out_starts[live].tolist()
-        ):
-            b = lo // self.block
-            pos = at
-            while lo < hi:
-                block_lo = b * self.block
-                piece = got[b][lo - block_lo : min(hi, block_lo + self.block) - block_lo]
-                out[pos : pos + len(piece)] = np.frombuffer(piece, np.uint8)
-                pos += len(piece)
-                lo += len(piece)
-                b += 1
-        return out, out_starts
+        self.store.cache.plan(self, needed.tolist())
+        _PREFETCH.submit(self._ahead, needed)
+        return len(needed) * self.block
+
+    def _ahead(self, needed: np.ndarray) -> None:
+        try:
+            self.blocks(needed, ahead=True)
+        except Exception:  # noqa: BLE001 - the foreground read fetches it again, and says why
+            logging.getLogger(__name__).debug("prefetch of %s failed", self, exc_info=True)
 
 
 class RemoteArray:
@@ -557,6 +613,13 @@ class RemoteArray:
         values = self.fetch(flat, np.ones(len(flat), np.int64))
         return values.reshape(index.shape)
 
+    def prefetch(self, starts: np.ndarray, lengths: np.ndarray) -> int:
+        """Elements ``[starts[i], starts[i] + lengths[i])`` fetched in the background
+        for a later ``fetch`` (``RemoteFile.prefetch``); the bytes of their blocks."""
+        size = self.dtype.itemsize
+        lo = self.offset + np.asarray(starts, np.int64) * size
+        return self.file.prefetch(lo, lo + np.asarray(lengths, np.int64) * size)
+
     def fetch(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Elements ``[starts[i], starts[i] + lengths[i])`` for each i, concatenated."""
         size = self.dtype.itemsize
@@ -580,7 +643,7 @@ def exists(path: CorpusPath) -> bool:
 def read_bytes(path: CorpusPath, what: str) -> bytes:
     """The whole file (a manifest, an index, a state file)."""
     if isinstance(path, Url):
-        file = RemoteFile(path, what)
+        file = RemoteFile(path, what, fresh=True)  # a manifest: as it is now
         return file.read(0, file.size)
     return path.read_bytes()
 
@@ -622,9 +685,7 @@ class _RangedReader(io.RawIOBase):
     def _prefetch(self) -> None:
         """Fetch the blocks after the cursor (up to ``prefetch_bytes``) in the
         background, one batch at a time: the next read then finds them cached."""
-        # Never more than half the cache: what is fetched ahead must still be there
-        # when the cursor comes to it.
-        budget = min(self.file.store.options.prefetch_bytes, self.file.store.cache.limit // 2)
+        budget = self.file.store.prefetch_budget
         if budget <= 0 or (self._ahead is not None and not self._ahead.done()):
             return
         block = self.file.block

