@@ -243,7 +243,17 @@ class BlockCache:
         claimed: list[int] = []
         others: list[int] = []
         for i in missing:
-            (claimed if self._claim(file, i) else others).append(i)
+            if not self._claim(file, i):
+                others.append(i)
+                continue
+            # Looked again under the claim: another fetcher (this process's prefetch, or
+            # another process) may have written it and let go between the miss and now.
+            data = self._read(file, i)
+            if data is None:
+                claimed.append(i)
+            else:
+                self._release(file, i)
+                out[i] = data
         try:
             # Few large requests, but at least as many as may run at once (a window's
             # blocks fetched in parallel rather than as one long response).
