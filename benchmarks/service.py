@@ -41,9 +41,14 @@ prompt of a random share of each document, then the response, as the masked rows
 of 8192 documents). The three tries of a repeat run back to back (the order rotating),
 and each repeat's ratios are masked / shards and Parquet / shards (targets: >= 0.8).
 
+``--compare data_plane`` serves the shards with 2 workers to 2 consumers with
+``data_plane = "producer"`` and ``"workers"``, the two tries of each repeat back to back
+(the order alternating), and reports per data plane the best try's ``per_token`` and
+the ratios workers / producer of the producer's CPU and bytes sent per delivered token.
+
     .venv/bin/python benchmarks/service.py [--documents 100000] [--repeats 3]
                                            [--backups on|off|both]
-                                           [--compare workers|corpora|both]
+                                           [--compare workers|corpora|both|data_plane]
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -147,6 +153,7 @@ def serve_command(
     worker_endpoint: str,
     consumer_endpoint: str,
     backups: bool = True,
+    data_plane: str = "producer",
 ) -> list[str]:
     """``streampack serve`` of the benchmark's shapes on ``corpus``."""
     return [
@@ -173,6 +180,8 @@ def serve_command(
         "--consumer-endpoint",
         consumer_endpoint,
         "--backups" if backups else "--no-backups",
+        "--data-plane",
+        data_plane,
     ]
 
 
@@ -183,6 +192,7 @@ def run_service(
     window_tokens: int,
     transport: str = "tcp",
     backups: bool = True,
+    data_plane: str = "producer",
 ) -> dict:
     if transport == "ipc":
         worker_endpoint = f"ipc://{corpus}/workers.sock"
@@ -192,7 +202,9 @@ def run_service(
         consumer_endpoint = f"tcp://127.0.0.1:{free_port()}"
     cli = [sys.executable, "-m", "streampack.cli"]
     serve = subprocess.Popen(
-        serve_command(corpus, workers, window_tokens, worker_endpoint, consumer_endpoint, backups),
+        serve_command(
+            corpus, workers, window_tokens, worker_endpoint, consumer_endpoint, backups, data_plane
+        ),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -255,6 +267,9 @@ def run_service(
         "consumers": consumers,
         "transport": transport,
         "backups": backups,
+        "data_plane": data_plane,
+        "batches_routed": stats["batches_routed"],
+        "batches_rerouted": stats["batches_rerouted"],
         "windows_backed_up": stats["windows_backed_up"],
         "seconds": round(seconds, 3),
         "million_tokens_per_s": round(tokens / seconds / 1e6, 2),
@@ -341,13 +356,20 @@ def main() -> None:
     )
     parser.add_argument(
         "--compare",
-        choices=("workers", "corpora", "both"),
+        choices=("workers", "corpora", "both", "data_plane"),
         default="both",
         help="the worker/consumer/transport table, the corpus forms (masked, Parquet) "
         "beside token shards, or both (the default)",
     )
     args = parser.parse_args()
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.backups]
+    if args.compare == "data_plane":
+        with tempfile.TemporaryDirectory(prefix="streampack-bench-") as scratch:
+            write_corpora(Path(scratch), args.documents)
+            report = compare_data_planes(Path(scratch) / "shards", args.repeats, args.window_tokens)
+        report = {"documents": args.documents, "cores": os.cpu_count(), **report}
+        print(json.dumps(report, indent=1))
+        return
 
     with tempfile.TemporaryDirectory(prefix="streampack-bench-") as scratch:
         examples = write_corpora(Path(scratch), args.documents)
@@ -440,6 +462,39 @@ def main() -> None:
             "median_seconds": round(float(np.median(seconds)), 3),
         }
     print(json.dumps(report, indent=1))
+
+
+def compare_data_planes(shards: Path, repeats: int, window_tokens: int) -> dict:
+    """2 workers, 2 consumers, ``data_plane`` producer and workers back to back per
+    repeat (the order alternating); the best try of each by delivered rate, and the
+    producer's CPU and bytes per delivered token of workers over producer."""
+    planes = ("producer", "workers")
+    tries: dict[str, list[dict]] = {plane: [] for plane in planes}
+    for repeat in range(repeats):
+        for plane in planes if repeat % 2 == 0 else planes[::-1]:
+            tries[plane].append(run_service(shards, 2, 2, window_tokens, data_plane=plane))
+    out: dict[str, Any] = {}
+    for plane in planes:
+        best = max(tries[plane], key=lambda run: run["million_tokens_per_s"])
+        best["producer_cpu_ns_per_token_of_each_try"] = [
+            run["per_token"]["cpu_ns"]["producer"] for run in tries[plane]
+        ]
+        out[plane] = best
+    cpu = {
+        plane: float(np.median(out[plane]["producer_cpu_ns_per_token_of_each_try"]))
+        for plane in planes
+    }
+    sent = {plane: out[plane]["per_token"]["producer_bytes_sent"] for plane in planes}
+    out["workers_over_producer"] = {
+        "producer_cpu_per_token_median": round(cpu["workers"] / cpu["producer"], 3),
+        "producer_bytes_to_consumers_per_token": round(
+            sent["workers"]["consumers"] / sent["producer"]["consumers"], 4
+        ),
+        "producer_bytes_to_all_per_token": round(
+            sum(sent["workers"].values()) / sum(sent["producer"].values()), 3
+        ),
+    }
+    return out
 
 
 def compare_corpora(root: Path, repeats: int, window_tokens: int) -> dict:

@@ -28,6 +28,17 @@ restarts under running trainers costs them a pause, not their stream. Batches ar
 expanded into memory that is reused once the trainer has dropped every reference to
 an earlier batch (``BatchMemory``).
 
+With the producer's ``data_plane = "workers"`` a batch may arrive as a *route*: the
+endpoint of the worker that packed it and the SHA-256 the producer computed from its
+own copy. The client fetches the batch's frames from that worker (``get``; at most
+``route_timeout`` seconds) and checks them against the digest before the batch is held,
+let alone yielded. A mismatch, a ``missing`` answer, a malformed one or silence makes
+it ask the producer for the batch itself (``reroute``: the producer's path is the
+safety net, so the stream is exactly the same), counted in ``metrics()``
+(``batches_rerouted``; ``worker_batches_refused`` for mismatches, which also make the
+producer stop routing to that worker). A worker that timed out is not asked again for
+``UNREACHABLE_FOR`` seconds: each of its routes is rerouted at once.
+
 ``StreamDigest`` defines the digest ``streampack consume`` and ``streampack digest``
 print: SHA-256 over, per batch in order, ``epoch`` and ``index`` (little-endian
 int64), the filler flag (one byte), every array of ``PackedBatch.ARRAY_FIELDS``, the
@@ -49,12 +60,17 @@ import zmq
 
 from streampack import wire
 from streampack.batch import CompactBatch, PackedBatch
-from streampack.errors import ProtocolError, ResumeError, StreamTimeout
+from streampack.errors import InvalidConfig, ProtocolError, ResumeError, StreamTimeout
 from streampack.examples import Binding
 from streampack.settings import ConsumerSettings, check_rank
 
 #: Seconds without any answer after which outstanding fetches are sent again.
 RESEND_AFTER = 5.0
+#: Seconds a worker that did not answer a ``get`` in time is not asked again.
+UNREACHABLE_FOR = 30.0
+#: Most worker endpoints a stream keeps a socket open to (the least recently used
+#: are closed past it).
+MAX_WORKER_SOCKETS = 64
 
 
 #: Blocks of expanded-batch memory a client keeps for reuse (see ``BatchMemory``).
@@ -277,6 +293,7 @@ class BatchStream:
         timeout: float = 60.0,
         max_message_bytes: int = 256 << 20,
         curve_server_key: str | None = None,
+        route_timeout: float = 2.0,
     ) -> None:
         check_rank(rank, world_size)
         # The checks of ConsumerSettings, whichever way the values came in (InvalidConfig
@@ -288,8 +305,12 @@ class BatchStream:
             timeout=timeout,
             max_message_bytes=max_message_bytes,
             curve_server_key=curve_server_key,
+            route_timeout=route_timeout,
         )
         self.endpoint = endpoint
+        self.route_timeout = route_timeout
+        self._workers: dict[str, zmq.Socket] = {}  # endpoint -> socket, oldest use first
+        self._unreachable: dict[str, float] = {}  # endpoint -> skipped until (monotonic)
         self.rank = rank
         self.world_size = world_size
         self.binding = binding
@@ -321,6 +342,9 @@ class BatchStream:
         self.bytes_received = 0  # compact bytes of the batches yielded (as they travelled)
         self.waits = 0  # batches that were not there yet when asked for
         self.seconds_blocked = 0.0  # time next_batch spent waiting for the producer
+        self.batches_from_workers = 0  # routed batches fetched and verified
+        self.batches_rerouted = 0  # routes given up on: the producer sent the batch
+        self.worker_batches_refused = 0  # of those, frames that did not match the digest
         # Load the check and expand kernels now, not inside the first next_batch. Imported
         # here so that importing this module does not load Numba.
         from streampack.packing import warm_up_kernels
@@ -341,6 +365,7 @@ class BatchStream:
         file, or ``streampack consume``'s flags)."""
         return cls(
             settings.connect,
+            route_timeout=settings.route_timeout,
             rank=rank,
             world_size=world_size,
             binding=binding,
@@ -368,6 +393,9 @@ class BatchStream:
             "seconds_blocked": self.seconds_blocked,
             "rejected": self.rejected,
             "resent": self.resent,
+            "batches_from_workers": self.batches_from_workers,
+            "batches_rerouted": self.batches_rerouted,
+            "worker_batches_refused": self.worker_batches_refused,
         }
 
     def state_dict(self) -> dict[str, int]:
@@ -416,6 +444,9 @@ class BatchStream:
 
     def close(self) -> None:
         self._reset_socket()
+        for socket in self._workers.values():
+            socket.close(linger=0)
+        self._workers.clear()
         if self._context is not None:
             # destroy, not term: it closes any socket left open (without lingering)
             # first, so closing can never wait forever.
@@ -544,20 +575,115 @@ class BatchStream:
                 self._finished = True
                 raise StopIteration
 
+    def _hold(self, index: int, batch: CompactBatch) -> None:
+        if self.binding is not None:
+            batch.check_binding(self.binding)
+        if index not in self._held:
+            self._held[index] = batch
+            size = batch.nbytes
+            self._held_bytes += size
+            self._batch_bytes = size
+
+    def _take_route(self, f: dict[str, Any]) -> None:
+        """Fetch a routed batch from its worker and hold it once its frames match the
+        producer's digest; otherwise ask the producer for it (``reroute``)."""
+        endpoint = f["endpoint"]
+        reason, arrays = self._get_from_worker(endpoint, f)
+        if arrays is not None:
+            if wire.batch_digest(arrays).hex() != f["digest"]:
+                reason = "digest"
+            else:
+                try:
+                    batch = wire.compact_batch(f, arrays, self.limits)
+                except ProtocolError:
+                    reason = "rejected"  # it matched the digest: the producer's own bug
+                else:
+                    self._hold(f["index"], batch)
+                    self.batches_from_workers += 1
+                    return
+        self.batches_rerouted += 1
+        if reason == "digest":
+            self.worker_batches_refused += 1
+        fields = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "epoch": f["epoch"],
+            "index": f["index"],
+            "base": self._base,
+            "endpoint": endpoint[:1000],
+            "reason": reason,
+        }
+        self._ensure_socket().send_multipart(wire.encode("reroute", fields), copy=False)
+
+    def _get_from_worker(
+        self, endpoint: str, f: dict[str, Any]
+    ) -> tuple[str, dict[str, np.ndarray] | None]:
+        """The frames of batch (epoch, window, batch) from the worker at ``endpoint``:
+        ("", frames), or (why not, None) within ``route_timeout`` seconds."""
+        now = time.monotonic()
+        if self._unreachable.get(endpoint, 0.0) > now:
+            return "timeout", None
+        key = {"epoch": f["epoch"], "window": f["window"], "batch": f["batch"]}
+        try:
+            socket = self._worker_socket(endpoint)
+            socket.send_multipart(wire.encode("get", key), copy=False, flags=zmq.NOBLOCK)
+        except (zmq.ZMQError, ProtocolError):
+            return self._gave_up(endpoint), None
+        deadline = now + self.route_timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            if not socket.poll(int(remaining * 1000) + 1, zmq.POLLIN):
+                break
+            try:
+                message = wire.decode(socket.recv_multipart(copy=False), self.limits)
+            except ProtocolError:
+                return "rejected", None
+            if message.kind not in ("part", "missing") or message.fields != key:
+                continue  # a late answer to an earlier get, or noise: not this batch
+            if message.kind == "missing":
+                return "missing", None
+            return "", message.arrays
+        return self._gave_up(endpoint), None
+
+    def _gave_up(self, endpoint: str) -> str:
+        """A worker that did not answer: its socket is closed (a late answer cannot be
+        mistaken) and it is skipped for ``UNREACHABLE_FOR`` seconds."""
+        socket = self._workers.pop(endpoint, None)
+        if socket is not None:
+            socket.close(linger=0)
+        self._unreachable[endpoint] = time.monotonic() + UNREACHABLE_FOR
+        while len(self._unreachable) > MAX_WORKER_SOCKETS:
+            del self._unreachable[next(iter(self._unreachable))]
+        return "timeout"
+
+    def _worker_socket(self, endpoint: str) -> zmq.Socket:
+        socket = self._workers.pop(endpoint, None)
+        if socket is None:
+            if self._context is None:
+                self._context = zmq.Context()
+            socket = self._context.socket(zmq.DEALER)
+            wire.configure_socket(socket, self._max_message_bytes)
+            try:
+                wire.attach(socket, endpoint, field="route endpoint", bind=False)
+            except InvalidConfig as exc:
+                raise ProtocolError(str(exc)) from None
+            while len(self._workers) >= MAX_WORKER_SOCKETS:
+                self._workers.pop(next(iter(self._workers))).close(linger=0)
+        self._workers[endpoint] = socket  # most recently used last
+        return socket
+
     def _handle(self, message: wire.Message) -> bool:
         """Take one answer; True when the stream has ended."""
         kind, f = message.kind, message.fields
         if kind == "batch":
             if f["epoch"] != self._epoch or f["index"] not in self._requested:
                 return False  # an answer to a request from before a reset
-            batch = wire.batch_from_message(message, self.limits)
-            if self.binding is not None:
-                batch.check_binding(self.binding)
+            self._hold(f["index"], wire.batch_from_message(message, self.limits))
+            return False
+        if kind == "route":
+            if f["epoch"] != self._epoch or f["index"] not in self._requested:
+                return False  # an answer to a request from before a reset
             if f["index"] not in self._held:
-                self._held[f["index"]] = batch
-                size = batch.nbytes
-                self._held_bytes += size
-                self._batch_bytes = size
+                self._take_route(f)
             return False
         if kind == "epoch_end":
             if f["epoch"] == self._epoch:

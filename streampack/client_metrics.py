@@ -40,6 +40,18 @@ CLIENT_COUNTERS: dict[str, tuple[str, str]] = {
         "streampack_client_fetches_resent",
         "Times outstanding fetches were sent again after silence",
     ),
+    "batches_from_workers": (
+        "streampack_client_batches_from_workers",
+        "Routed batches fetched from a worker and matching the producer's digest",
+    ),
+    "batches_rerouted": (
+        "streampack_client_batches_rerouted",
+        "Routes given up on (mismatch, missing, timeout): the producer sent the batch",
+    ),
+    "worker_batches_refused": (
+        "streampack_client_worker_batches_refused",
+        "Batches from a worker whose frames did not match the producer's digest",
+    ),
 }
 
 #: Every metric this module exports: name -> (type, help).

@@ -50,6 +50,8 @@ _MIB = 1 << 20
 
 TAIL_MODES = ("fill", "drop")
 _ENDPOINT_FORMS = "tcp://HOST:PORT (PORT 1-65535 or *), ipc://PATH or inproc://NAME"
+#: Who sends batches to consumers (``ProducerSettings.data_plane``).
+DATA_PLANES = ("producer", "workers")
 _HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
@@ -284,6 +286,7 @@ class ProducerSettings:
     backups: bool = True
     backup_after: float = 1.0
     consumer_timeout: float = 60.0
+    data_plane: str = "producer"
     quarantine_path: str | None = None
     curve_secret_key_file: str | None = None
     metrics_port: int | None = None
@@ -353,6 +356,10 @@ class ProducerSettings:
             raise InvalidConfig(f"backups = {self.backups!r} must be true or false")
         _check_float("backup_after", self.backup_after, minimum=0.0)
         _check_float("consumer_timeout", self.consumer_timeout, minimum=0.0)
+        if self.data_plane not in DATA_PLANES:
+            raise InvalidConfig(
+                f"data_plane = {self.data_plane!r}; expected one of {', '.join(DATA_PLANES)}"
+            )
         if self.quarantine_path is not None and not isinstance(self.quarantine_path, str):
             raise InvalidConfig(f"quarantine_path = {self.quarantine_path!r} must be a path")
         if self.policy not in POLICIES:
@@ -374,10 +381,24 @@ class WorkerSettings:
     curve_server_key: str | None = None
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"
+    serve_endpoint: str | None = None
+    serve_advertise: str | None = None
+    store_bytes: int = 256 * _MIB
+    store_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         _check_metrics(self.metrics_port, self.metrics_address)
         check_endpoint("connect", self.connect)
+        for field in ("serve_endpoint", "serve_advertise"):
+            if getattr(self, field) is not None:
+                check_endpoint(field, getattr(self, field))
+        if self.serve_advertise is not None and self.serve_endpoint is None:
+            raise InvalidConfig(
+                f"serve_advertise = {self.serve_advertise!r} needs serve_endpoint: a worker "
+                "advertises the endpoint it serves consumers on; set serve_endpoint too"
+            )
+        _check_int("store_bytes", self.store_bytes, minimum=1)
+        _check_float("store_seconds", self.store_seconds, minimum=0.0)
         check_curve_key("curve_server_key", self.curve_server_key)
         _check_int("prefetch", self.prefetch, minimum=1)
         _check_float("heartbeat_interval", self.heartbeat_interval, minimum=0.0)
@@ -395,6 +416,7 @@ class ConsumerSettings:
     timeout: float = 60.0
     max_message_bytes: int = 256 * _MIB
     curve_server_key: str | None = None
+    route_timeout: float = 2.0
 
     def __post_init__(self) -> None:
         check_endpoint("connect", self.connect)
@@ -402,6 +424,7 @@ class ConsumerSettings:
         _check_int("prefetch", self.prefetch, minimum=1)
         _check_int("prefetch_bytes", self.prefetch_bytes, minimum=1)
         _check_float("timeout", self.timeout, minimum=0.0)
+        _check_float("route_timeout", self.route_timeout, minimum=0.0)
         _check_int("max_message_bytes", self.max_message_bytes, minimum=4096)
 
 
@@ -467,6 +490,17 @@ FIELD_HELP: dict[str, str] = {
     "consumer.prefetch": "batches requested ahead (fetches outstanding)",
     "heartbeat_interval": "seconds between worker heartbeats",
     "audit_every": "audit every N-th packed batch with streampack.audit (0: never)",
+    "data_plane": "who sends a batch's tokens to the consumer: 'producer', or 'workers' "
+    "(the worker that packed it serves it; the consumer checks it against the producer's "
+    "SHA-256 digest and falls back to the producer)",
+    "route_timeout": "seconds a consumer waits for a worker to serve a routed batch before "
+    "it asks the producer for it",
+    "serve_endpoint": "where the worker binds to serve its batches to consumers (e.g. "
+    "tcp://127.0.0.1:*; default: it does not serve)",
+    "serve_advertise": "the endpoint consumers connect to for this worker's batches "
+    "(default: serve_endpoint as bound; set it when that address is not reachable as is)",
+    "store_bytes": "bytes of batches a serving worker keeps for consumers",
+    "store_seconds": "seconds a serving worker keeps a batch no consumer has fetched",
     "prefetch_bytes": "bytes of batches a consumer holds ahead",
     "timeout": "seconds a consumer waits for a batch before raising",
 }

@@ -1,9 +1,9 @@
-"""The wire protocol between producer, pack workers and consumers (version 8).
+"""The wire protocol between producer, pack workers and consumers (version 9).
 
 Every message is a ZeroMQ multipart message::
 
     frame 0      header: one msgpack map, keys in this order
-                   "v"  protocol version (int, 8)
+                   "v"  protocol version (int, 9)
                    "k"  kind (str, one of KINDS)
                    ...  the kind's fields, in the order KINDS lists them
                    "f"  one [name, dtype, shape] triple per following frame
@@ -14,7 +14,7 @@ For example ``encode_header("ready", {"credit": 2, "needs_tokens": False})`` is 
 37 bytes (the tests pin them)::
 
     85                    map of 5
-    a1 76 08              "v": 8
+    a1 76 09              "v": 9
     a1 6b a5 72 65 61 64 79      "k": "ready"
     a6 63 72 65 64 69 74 02      "credit": 2
     ac 6e 65 65 64 73 5f 74 6f 6b 65 6e 73 c2      "needs_tokens": false
@@ -64,8 +64,33 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  occurrence's source since version 8,
                                                  and the tokens' supervision mask,
                                                  version 7)
+    route      P->C  epoch index window batch filler step_targets binding rows
+                                                 capacity policy endpoint digest
+                                                 (version 9, data_plane = "workers") a
+                                                 `batch` without its frames: the worker at
+                                                 `endpoint` holds them as batch `batch` of
+                                                 `window`; `digest` is the hex SHA-256 of
+                                                 the frames (``batch_digest``), computed by
+                                                 the producer from its own copy
+    reroute    C->P  rank world_size epoch index base endpoint reason
+                                                 (version 9) send batch `index` itself: the
+                                                 route to `endpoint` failed (`reason`:
+                                                 "digest" - the frames did not match,
+                                                 "missing", "timeout" or "rejected")
     epoch_end  P->C  epoch per_rank total        `index` is past this rank's share
     stream_end P->C  epochs                      no more epochs
+    serving    W->P  endpoint                    this worker serves the batches of the windows
+                                                 it packs with their tokens to consumers at
+                                                 `endpoint` (version 9; see service/store.py)
+    get        C->W  epoch window batch          the batch `batch` of window `window` of
+                                                 `epoch`, from a worker that serves (version 9)
+    part       W->C  epoch window batch          the answer to `get`: frames tokens occurrences
+                                                 mask, the compact batch's frames as in
+                                                 `batch`; the consumer checks them against
+                                                 the producer's digest (``batch_digest``)
+    missing    W->C  epoch window batch          this worker does not hold that batch (never
+                                                 held, already delivered, expired or dropped
+                                                 for room)
     health     C->P  (none)                      are you serving?
     status     P->C  serving stats               answer to `health`
     error      any   message                     the message received was rejected
@@ -90,6 +115,7 @@ share the frame's memory (no copy) and are read-only.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +129,7 @@ from streampack.examples import Binding, Examples
 if TYPE_CHECKING:
     import zmq
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 _INT = "int"
 _STR = "str"
@@ -124,6 +150,9 @@ _FLOAT = "float"
 # occurrence records locate every occurrence in the corpus (its source, and its range
 # in document coordinates): a window carries each document's source and piece start,
 # and the batch's separate per-occurrence ``sources`` frame is gone.
+# Version 9 adds the data plane's messages: a worker that serves announces its consumer
+# endpoint (``serving``), and a consumer fetches a batch's frames from it (``get``,
+# answered ``part`` or ``missing``).
 BATCH_FRAMES = ("tokens", "occurrences", "mask")
 PLAN_FRAMES = ("occurrences", "batch_sizes")
 WINDOW_FRAMES = (
@@ -138,6 +167,24 @@ WINDOW_FRAMES = (
     "example_id",
     "mask",
 )
+
+# Which batch a worker serves: the window's own numbering, which the worker knows.
+_PART_KEY = (("epoch", _INT), ("window", _INT), ("batch", _INT))
+
+_BATCH_FIELDS = (
+    ("epoch", _INT),
+    ("index", _INT),
+    ("window", _INT),
+    ("batch", _INT),
+    ("filler", _BOOL),
+    ("step_targets", _INT),
+    ("binding", _MAP),
+    ("rows", _INT),
+    ("capacity", _INT),
+    ("policy", _STR),
+)
+#: The reasons a consumer gives in ``reroute``.
+REROUTE_REASONS = ("digest", "missing", "timeout", "rejected")
 
 # kind -> (fields in order with their types, frame names in order)
 KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
@@ -177,23 +224,33 @@ KINDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
         ),
         (),
     ),
-    "batch": (
+    "batch": (_BATCH_FIELDS, BATCH_FRAMES),
+    "route": (
         (
+            *_BATCH_FIELDS,
+            ("endpoint", _STR),
+            ("digest", _STR),
+        ),
+        (),
+    ),
+    "reroute": (
+        (
+            ("rank", _INT),
+            ("world_size", _INT),
             ("epoch", _INT),
             ("index", _INT),
-            ("window", _INT),
-            ("batch", _INT),
-            ("filler", _BOOL),
-            ("step_targets", _INT),
-            ("binding", _MAP),
-            ("rows", _INT),
-            ("capacity", _INT),
-            ("policy", _STR),
+            ("base", _INT),
+            ("endpoint", _STR),
+            ("reason", _STR),
         ),
-        BATCH_FRAMES,
+        (),
     ),
     "epoch_end": ((("epoch", _INT), ("per_rank", _INT), ("total", _INT)), ()),
     "stream_end": ((("epochs", _INT),), ()),
+    "serving": ((("endpoint", _STR),), ()),
+    "get": (_PART_KEY, ()),
+    "part": (_PART_KEY, BATCH_FRAMES),
+    "missing": (_PART_KEY, ()),
     "health": ((), ()),
     "status": ((("serving", _BOOL), ("stats", _MAP)), ()),
     "error": ((("message", _STR),), ()),
@@ -327,6 +384,24 @@ def encode_header(
     return msgpack.packb(header, use_bin_type=True)
 
 
+def _wire_array(name: str, array: Any) -> tuple[str, np.ndarray]:
+    """Frame ``name``'s dtype code and ``array`` as it travels: in that dtype, C order."""
+    if name not in FRAME_DTYPES:
+        raise ProtocolError(f"unknown frame name {name!r}; expected one of {list(FRAME_DTYPES)}")
+    array = np.asarray(array)
+    codes = FRAME_DTYPES[name]
+    code = next((c for c in codes if frame_dtype(c) == array.dtype), codes[0])
+    dtype = frame_dtype(code)
+    if array.dtype != dtype:
+        if array.dtype.names is not None or dtype.names is not None:
+            if array.dtype.names != dtype.names:
+                raise ProtocolError(
+                    f"frame {name!r} has fields {array.dtype.names}; expected {dtype.names}"
+                )
+        array = array.astype(dtype)
+    return code, np.ascontiguousarray(array)
+
+
 def encode(
     kind: str, fields: Mapping[str, Any] | None = None, arrays: Mapping[str, Any] | None = None
 ) -> list[Any]:
@@ -337,22 +412,7 @@ def encode(
     specs = []
     frames: list[Any] = []
     for name, array in (arrays or {}).items():
-        if name not in FRAME_DTYPES:
-            raise ProtocolError(
-                f"unknown frame name {name!r}; expected one of {list(FRAME_DTYPES)}"
-            )
-        array = np.asarray(array)
-        codes = FRAME_DTYPES[name]
-        code = next((c for c in codes if frame_dtype(c) == array.dtype), codes[0])
-        dtype = frame_dtype(code)
-        if array.dtype != dtype:
-            if array.dtype.names is not None or dtype.names is not None:
-                if array.dtype.names != dtype.names:
-                    raise ProtocolError(
-                        f"frame {name!r} has fields {array.dtype.names}; expected {dtype.names}"
-                    )
-            array = array.astype(dtype)
-        array = np.ascontiguousarray(array)
+        code, array = _wire_array(name, array)
         specs.append((name, code, array.shape))
         frames.append(array.data.cast("B") if array.size else b"")
     return [encode_header(kind, fields, specs), *frames]
@@ -527,6 +587,24 @@ def batch_arrays(batch: CompactBatch) -> dict[str, np.ndarray]:
     }
 
 
+def batch_digest(arrays: Mapping[str, Any]) -> bytes:
+    """SHA-256 of a compact batch's frames (``BATCH_FRAMES``) as they travel: per frame
+    its name, dtype code and shape, then its bytes.
+
+    The producer computes it from its own copy of a batch; a consumer that fetched the
+    batch's frames from a worker compares them with it before the batch is used. A
+    keyed or polynomial hash would be cheaper, but a worker holds the batch it serves and
+    would learn the key (or the polynomial) and forge a collision; SHA-256 is the
+    cheapest hash a peer holding the data cannot steer.
+    """
+    digest = hashlib.sha256()
+    for name in BATCH_FRAMES:
+        code, array = _wire_array(name, arrays[name])
+        digest.update(msgpack.packb([name, code, list(array.shape)]))
+        digest.update(array.data.cast("B") if array.size else b"")
+    return digest.digest()
+
+
 def mask_from_frames(arrays: Mapping[str, np.ndarray]) -> np.ndarray | None:
     """The supervision mask of a message's ``tokens``: None for an empty ``mask`` frame,
     else the frame, which must hold one 0/1 per token (``ProtocolError`` otherwise)."""
@@ -599,17 +677,24 @@ def batch_from_message(message: Message, limits: WireLimits = DEFAULT_LIMITS) ->
     """
     if message.kind != "batch":
         raise ProtocolError(f"expected a 'batch' message, got {message.kind!r}")
-    f = message.fields
+    return compact_batch(message.fields, message.arrays, limits)
+
+
+def compact_batch(
+    f: Mapping[str, Any], arrays: Mapping[str, np.ndarray], limits: WireLimits = DEFAULT_LIMITS
+) -> CompactBatch:
+    """The checked ``CompactBatch`` of a batch's header fields (``batch`` or ``route``)
+    and its frames (of the ``batch`` message, or of the ``part`` a worker served)."""
     try:
         return CompactBatch(
-            tokens=message.arrays["tokens"],
-            occurrences=message.arrays["occurrences"],
+            tokens=arrays["tokens"],
+            occurrences=arrays["occurrences"],
             rows=f["rows"],
             capacity=f["capacity"],
             binding=binding_from_wire(f["binding"]),
             filler=f["filler"],
             policy=f["policy"],
-            mask=mask_from_frames(message.arrays),
+            mask=mask_from_frames(arrays),
             step_targets=None if f["step_targets"] == -1 else f["step_targets"],
         ).checked(max_cells=limits.max_frame_bytes // 4)
     except InvalidArray as exc:

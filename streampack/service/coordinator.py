@@ -50,6 +50,7 @@ from .delivery import Delivery, Send
 from .pipeline import Assembled, EpochTotal, Pipeline, WindowState
 from .plan_check import check_plan
 from .registry import MAX_CREDIT, WindowKey, WorkerRecord, WorkerRegistry
+from .routes import Routes
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,8 @@ class Coordinator:
             backup_after=settings.backup_after if settings.backups else None,
             window_timeout=settings.window_timeout,
         )
+        self.routes = Routes()  # data_plane = "workers": who serves which window
+        workers_serve = settings.data_plane == "workers"
         self.delivery = Delivery(
             tail=settings.tail,
             reorder_budget_bytes=settings.reorder_budget_bytes,
@@ -136,6 +139,7 @@ class Coordinator:
             total=self.pipeline.totals.get,
             numbered=self.pipeline.numbered,
             accumulation=settings.accumulation,
+            route=self.routes.endpoint if workers_serve else None,
         )
         self.started = False  # nothing is cut before the first fetch says where to start
         self.metrics: Any = None  # service.metrics.ProducerMetrics, while metrics are served
@@ -148,6 +152,7 @@ class Coordinator:
             "heartbeat": self._on_credit,
             "packed": self._on_packed,
             "failed": self._on_failed,
+            "serving": self._on_serving,
         }
 
     # -- workers -------------------------------------------------------------------
@@ -204,6 +209,10 @@ class Coordinator:
                     f"producer: worker {identity.hex()} offered credit {stated}; "
                     f"a worker holds at most {MAX_CREDIT} windows (clamped)"
                 )
+
+    def _on_serving(self, identity: bytes, message: wire.Message, now: float) -> None:
+        """The worker serves the batches of the windows it packs with tokens (routes)."""
+        self.routes.announce(identity, message.fields["endpoint"])
 
     def _answered(self, identity: bytes, message: wire.Message, now: float) -> Answer | None:
         """The window a ``packed``/``failed`` answer is about, which ``identity`` holds;
@@ -286,6 +295,7 @@ class Coordinator:
         if fields["audit_error"]:
             self.counters.last_audit_error = fields["audit_error"][:500]
             self.warn(f"producer: audit failures in window {key}: {fields['audit_error'][:1000]!r}")
+        self.routes.accepted(key, identity, answer.worker.needs_tokens)
         self.counters.add("batches_received", self.pipeline.accept(key, identity, now))
         self._outrun(key)
         self.counters.peak("reorder_bytes_peak", self.reorder_bytes)
@@ -321,14 +331,17 @@ class Coordinator:
                     f"{message.fields['message'][:500]!r}"
                 )
                 return
-            if message.kind != "fetch":
+            if message.kind == "reroute":
+                rewind_to = self._on_reroute(identity, message.fields, now)
+            elif message.kind == "fetch":
+                rewind_to = self.delivery.fetch(
+                    identity, message.fields, now, self.pipeline.assembly_point
+                )
+            else:
                 raise ProtocolError(
-                    f"a producer's consumer endpoint accepts 'fetch' and "
+                    f"a producer's consumer endpoint accepts 'fetch', 'reroute' and "
                     f"'health', not {message.kind!r}"
                 )
-            rewind_to = self.delivery.fetch(
-                identity, message.fields, now, self.pipeline.assembly_point
-            )
         except ProtocolError as exc:
             self.counters.add("rejected_consumer")
             self.warn(f"producer: rejected a message from consumer {identity.hex()}: {exc}")
@@ -344,6 +357,31 @@ class Coordinator:
                 self.pipeline.rewind(epoch, message.fields["index"])
         if rewind_to is not None:
             self.rewind(rewind_to)
+
+    def _on_reroute(
+        self, identity: bytes, fields: dict[str, Any], now: float
+    ) -> tuple[int, int] | None:
+        """A route failed: send the batch with its tokens (a replay if it is gone), and
+        refuse the worker's endpoint when its frames did not match the digest."""
+        reason, endpoint = fields["reason"], fields["endpoint"]
+        if reason not in wire.REROUTE_REASONS:
+            raise ProtocolError(
+                f"reroute reason {reason!r}; expected one of {', '.join(wire.REROUTE_REASONS)}"
+            )
+        fetch = {name: fields[name] for name in ("rank", "world_size", "epoch", "index", "base")}
+        rewind_to = self.delivery.fetch(
+            identity, fetch | {"count": 1}, now, self.pipeline.assembly_point, direct=True
+        )
+        self.counters.add("batches_rerouted")
+        if reason == "digest":
+            self.counters.add("worker_batches_refused")
+            if self.routes.refuse(endpoint):
+                self.counters.add("workers_refused_serving")
+                self.warn(
+                    f"producer: a consumer found a batch from {endpoint!r} that does not "
+                    "match its digest; that worker is no longer routed to"
+                )
+        return rewind_to
 
     def rewind(self, key: tuple[int, int]) -> None:
         """Replay from the window holding batch ``key`` (see pipeline, delivery)."""
@@ -361,6 +399,7 @@ class Coordinator:
         self.delivery.now = now
         for identity in self.registry.silent(now):
             self.counters.add("workers_lost")
+            self.routes.lost(identity)
             held, blamed = self.registry.forget(identity)
             self.warn(
                 f"producer: worker {identity.hex()} silent for more than "
@@ -372,6 +411,7 @@ class Coordinator:
                 continue  # dropped with an earlier overdue window of the same worker
             self.counters.add("windows_overdue")
             self.counters.add("workers_dropped")
+            self.routes.lost(identity)
             held, blamed = self.registry.drop(identity, now, self.settings.window_timeout)
             self.warn(
                 f"producer: worker {identity.hex()} missed the deadline of window {key} "

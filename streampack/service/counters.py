@@ -50,6 +50,14 @@ class ProducerCounters:
     evicted: int = 0  # ready batches dropped to make room for a batch someone waits for
     rewinds: int = 0
     resends_dropped: int = 0  # fetches for batches just answered to the same consumer
+    # data_plane = "workers": batches sent as a route to the worker holding them, routes
+    # a consumer gave up on (it then got the batch from the producer), and of those the
+    # ones whose frames did not match the producer's digest (the worker is no longer
+    # routed to).
+    batches_routed: int = 0
+    batches_rerouted: int = 0
+    worker_batches_refused: int = 0
+    workers_refused_serving: int = 0
     rejected_worker: int = 0
     rejected_consumer: int = 0
     peer_errors: int = 0  # 'error' messages received (never answered)

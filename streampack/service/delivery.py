@@ -130,6 +130,8 @@ class Consumer:
     # Key -> when it was answered, the last RECENT_ANSWERS (oldest first): a fetch for
     # one of them is a resend that crossed its answer.
     recent: dict[Key, float] = dataclasses.field(default_factory=dict)
+    # Keys it asked the producer to send itself (``reroute``): a route failed for them.
+    direct: set[Key] = dataclasses.field(default_factory=set)
 
     def floor(self) -> Key | None:
         """The lowest key it may still ask for (None: it asked for nothing live)."""
@@ -184,6 +186,7 @@ class Delivery:
         total: Callable[[int], int | None],
         numbered: Callable[[int], int],
         accumulation: int = 1,
+        route: Callable[[int, int], str | None] | None = None,
     ) -> None:
         self.tail = tail
         self.steps = StepTargets(accumulation)
@@ -202,6 +205,9 @@ class Delivery:
         self.epoch_live = epoch_live
         self.total = total
         self.numbered = numbered  # batches of an epoch numbered so far
+        # data_plane = "workers": the endpoint of the worker that serves the batches of
+        # window (epoch, w), or None (the batch goes with its tokens).
+        self.route = route
         self.now = 0.0  # the time of the message or tick being handled (set by the caller)
         #: Called with the seconds from a fetch's arrival to its answer (metrics).
         self.on_answer: Callable[[float], None] | None = None
@@ -214,9 +220,17 @@ class Delivery:
     # -- fetches -------------------------------------------------------------------
 
     def fetch(
-        self, identity: bytes, fields: dict[str, Any], now: float, assembly_point: Key
+        self,
+        identity: bytes,
+        fields: dict[str, Any],
+        now: float,
+        assembly_point: Key,
+        *,
+        direct: bool = False,
     ) -> Key | None:
-        """Take one ``fetch`` message. Returns the key to rewind to, if any.
+        """Take one ``fetch`` message. Returns the key to rewind to, if any. ``direct``
+        (a ``reroute``): a route for these keys failed, so they are sent with their
+        tokens, and are not a resend even if just answered (with a route).
 
         Raises ``ProtocolError`` for a fetch out of range (nothing is changed then).
         """
@@ -249,7 +263,9 @@ class Delivery:
             consumer = Consumer(rank=rank, world_size=world, last_heard=now)
         asked = [(epoch, index + k * world) for k in range(count)]
         fresh = [key for key in asked if key not in consumer.pending]
-        crossed = [key for key in fresh if consumer.resent(key, now)]
+        if direct:
+            consumer.direct.update(fresh)
+        crossed = [key for key in fresh if not direct and consumer.resent(key, now)]
         if crossed:
             # Its answers were on the way when it asked again: nothing to do, nothing
             # to replay or count twice.
@@ -385,24 +401,41 @@ class Delivery:
             "binding": self.binding_wire,
         } | wire.batch_shape(entry.batch)
         arrays = wire.batch_arrays(entry.batch)
+        endpoint = None if self.route is None else self.route(key[0], entry.window)
+        routed: dict[str, Any] | None = None
+        delivered = False
         delivered_to: int | None = None  # the rank of the first consumer that took it
         for identity in identities:
             consumer = self.consumers.get(identity)
             if consumer is None or not self._servable(key, consumer):
                 continue
             fields["step_targets"] = self._step_targets(key, consumer)
-            if self.send(identity, "batch", fields, arrays):
-                if delivered_to is None:
+            rerouted = key in consumer.direct
+            if endpoint is not None and not rerouted:
+                if routed is None:  # hashed once, from the producer's own copy
+                    digest = wire.batch_digest(arrays).hex()
+                    routed = {"endpoint": endpoint, "digest": digest}
+                sent = self.send(identity, "route", fields | routed, None)
+            else:
+                sent = self.send(identity, "batch", fields, arrays)
+            if sent:
+                consumer.direct.discard(key)
+                if endpoint is not None and not rerouted:
+                    self.counters.add("batches_routed")
+                delivered = True
+                # A rerouted batch was counted when its route was sent.
+                if delivered_to is None and not rerouted:
                     delivered_to = consumer.rank
                 self._unpend(identity, key)
                 self._observe(consumer.answered(key, self.now))
             else:
                 self._forget_consumer(identity)
-        if delivered_to is not None:
+        if delivered:
             if not self.pending.get(key):  # kept while another asker waits for its step
                 del self.ready[key]
                 self.ready_bytes -= entry.batch.nbytes
-            self._count_served(entry.batch, delivered_to)
+            if delivered_to is not None:
+                self._count_served(entry.batch, delivered_to)
 
     def _count_served(self, batch: CompactBatch, rank: int) -> None:
         """Count a batch once, however many consumers took it: in total, for the rank

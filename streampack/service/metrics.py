@@ -98,6 +98,22 @@ PRODUCER_COUNTERS: dict[str, tuple[str, str]] = {
         "streampack_resends_dropped",
         "Fetches for batches just answered to the same consumer (a resend crossing its answer)",
     ),
+    "batches_routed": (
+        "streampack_batches_routed",
+        "Batches sent as a route to the worker serving them (data_plane = workers)",
+    ),
+    "batches_rerouted": (
+        "streampack_batches_rerouted",
+        "Routes a consumer gave up on (mismatch, missing, timeout); the producer sent them",
+    ),
+    "worker_batches_refused": (
+        "streampack_worker_batches_refused",
+        "Batches from a worker that did not match the producer's digest",
+    ),
+    "workers_refused_serving": (
+        "streampack_workers_refused_serving",
+        "Worker endpoints no longer routed to after a digest mismatch",
+    ),
     "documents_split": (
         "streampack_documents_split",
         "Long documents cut into ranges (long_documents = split)",

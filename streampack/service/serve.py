@@ -198,7 +198,9 @@ def main(args: argparse.Namespace) -> int:
         )
     # The workers' own settings are checked here, once, not by workers that would fail
     # to start over and over.
-    from_args(WorkerSettings, argparse.Namespace(config=args.config, audit_every=args.audit_every))
+    worker_settings = from_args(
+        WorkerSettings, argparse.Namespace(config=args.config, audit_every=args.audit_every)
+    )
     # Workers log like serve does (format and level).
     worker_args: list[str] = logging_args(args) if hasattr(args, "log_format") else []
     if settings.curve_secret_key_file:
@@ -210,6 +212,9 @@ def main(args: argparse.Namespace) -> int:
         worker_args += ["--config", os.path.abspath(args.config)]
     if args.audit_every is not None:
         worker_args += ["--audit-every", str(args.audit_every)]
+    if settings.data_plane == "workers" and worker_settings.serve_endpoint is None:
+        # Local workers serve their batches on loopback, each on a port of its own.
+        worker_args += ["--serve-endpoint", "tcp://127.0.0.1:*"]
     producer = Producer(settings)
     holder: dict[str, Supervisor] = {}
 

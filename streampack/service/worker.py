@@ -20,6 +20,14 @@ producer, which holds the tokens, checks every batch it assembles from a plan). 
 window that fails to pack is answered with ``failed`` (the producer quarantines it) and
 the worker keeps serving. A malformed message is counted and answered with ``error``.
 
+A worker given ``serve_endpoint`` also serves consumers (the data plane, version 9):
+it binds a ROUTER there, announces the endpoint (``serving``, before its first
+``ready``), keeps the compact batches of every window it receives with tokens in a
+bounded ``BatchStore`` (``store_bytes``, ``store_seconds``) and answers ``get`` with
+``part`` (the batch's frames, dropped from the store) or ``missing``. A consumer checks
+what it gets against the producer's digest of the batch, so a worker serves what it
+likes at no risk to the stream; without ``serve_endpoint`` nothing of this runs.
+
 Warming up before announcing credit keeps the first window's compile time from
 looking like a dead worker to the producer's heartbeat timeout; after that, a window
 is bounded by ``window_tokens`` and packs in milliseconds.
@@ -28,6 +36,7 @@ is bounded by ``window_tokens`` and packs in milliseconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -43,6 +52,10 @@ from ..examples import Examples
 from ..packing import compact_batches, plan_compact, warm_up_kernels
 from ..settings import WorkerSettings, add_flags, from_args
 from .plan_check import ranges_plan
+from .store import BatchStore
+
+# A consumer's ``get`` is a header of three ints: a serving socket accepts nothing larger.
+GET_LIMIT = 1 << 12
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +95,12 @@ class Worker:
         self._audit_fn: Any = None
         self._audit_broken = ""
         self._next_beat = 0.0
-        self.needs_tokens = bool(settings.audit_every)  # planning alone needs no tokens
+        # Planning alone needs no tokens: auditing does, and so does serving the batches.
+        self.needs_tokens = bool(settings.audit_every) or settings.serve_endpoint is not None
+        self.store = BatchStore(settings.store_bytes, settings.store_seconds)
+        self.serve_limits = wire.WireLimits(max_message_bytes=GET_LIMIT, max_header_bytes=GET_LIMIT)
+        self.advertised = ""
+        self.served = {"gets": 0, "parts": 0, "missing": 0, "rejected": 0}
         self.metrics: Any = None
         if settings.metrics_port is not None:
             from .metrics import WorkerMetrics
@@ -139,14 +157,29 @@ class Worker:
             return
         audited = failures = 0
         notes = []
+        serves = self.settings.serve_endpoint is not None and examples is not None
+        batches = None
+        if serves or (self.settings.audit_every and examples is not None):
+            assert examples is not None
+            batches = compact_batches(
+                examples, occurrences, sizes, binding, config.capacity, config.policy
+            )
+        if serves:
+            assert batches is not None
+            now = time.monotonic()
+            # Served in the producer's token dtype (uint16 when the vocabulary fits): the
+            # frames the producer's digest covers, and half the bytes of int32.
+            dtype = wire.token_dtype(binding.vocab_size)
+            for index, batch in enumerate(batches):
+                if batch.tokens.dtype != dtype:
+                    batch = dataclasses.replace(batch, tokens=batch.tokens.astype(dtype))
+                self.store.put((epoch, window, index), batch, now)
         if self.settings.audit_every and examples is None:
             # Asked for with needs_tokens, so only a faulty producer gets here.
             audited = failures = len(sizes)
             notes.append("the window came without its tokens; nothing could be audited")
-        elif self.settings.audit_every and examples is not None:  # only audits need tokens
-            batches = compact_batches(
-                examples, occurrences, sizes, binding, config.capacity, config.policy
-            )
+        elif self.settings.audit_every and batches is not None:  # only audits need tokens
+            assert examples is not None
             for index, batch in enumerate(batches):
                 a, f, note = self._audit(batch, examples)
                 audited += a
@@ -175,14 +208,59 @@ class Worker:
             {"occurrences": occurrences, "batch_sizes": sizes},
         )
 
+    def handle_get(self, serving: zmq.Socket) -> None:
+        """Answer one consumer's ``get`` with the batch's frames (``part``) or ``missing``;
+        a malformed message is answered ``error``. Never blocks: a consumer that does not
+        read only fills its own queue, which ZeroMQ drops past its high-water mark."""
+        identity, *frames = serving.recv_multipart(copy=False)
+        try:
+            message = wire.decode(frames, self.serve_limits)
+            if message.kind != "get":
+                raise wire.ProtocolError(f"a serving worker accepts 'get', not {message.kind!r}")
+        except wire.ProtocolError as exc:
+            self.served["rejected"] += 1
+            self._send_to(serving, identity, wire.encode("error", {"message": str(exc)[:1000]}))
+            return
+        self.served["gets"] += 1
+        key = message.fields
+        batch = self.store.take((key["epoch"], key["window"], key["batch"]), time.monotonic())
+        if batch is None:
+            self.served["missing"] += 1
+            self._send_to(serving, identity, wire.encode("missing", key))
+            return
+        self.served["parts"] += 1
+        self._send_to(serving, identity, wire.encode("part", key, wire.batch_arrays(batch)))
+
+    def _send_to(self, serving: zmq.Socket, identity: Any, frames: list[Any]) -> None:
+        try:
+            serving.send_multipart([identity, *frames], copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:  # the consumer does not read: its answer is dropped
+            self.served["rejected"] += 1
+
     def _beat_if_due(self, socket: zmq.Socket) -> None:
         if time.monotonic() >= self._next_beat:
+            if self.advertised:  # a restarted producer learns the endpoint again too
+                self._send(socket, "serving", {"endpoint": self.advertised})
             self._send(
                 socket,
                 "heartbeat",
                 {"free": self.settings.prefetch, "needs_tokens": self.needs_tokens},
             )
             self._next_beat = time.monotonic() + self.settings.heartbeat_interval
+
+    def _bind_serving(self, context: zmq.Context) -> zmq.Socket | None:
+        """The ROUTER consumers fetch batches from, bound to ``serve_endpoint`` (None when
+        the worker does not serve); sets ``advertised``, the endpoint it announces."""
+        if self.settings.serve_endpoint is None:
+            return None
+        serving = context.socket(zmq.ROUTER)
+        wire.configure_socket(serving, GET_LIMIT)
+        serving.setsockopt(zmq.SNDHWM, 64)  # a consumer that never reads holds few answers
+        wire.attach(serving, self.settings.serve_endpoint, field="serve_endpoint", bind=True)
+        bound = serving.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.advertised = self.settings.serve_advertise or bound
+        logger.info("serving batches to consumers at %s", self.advertised)
+        return serving
 
     def run(self) -> int:
         self._audit_broken = _warm_up(self._audit_fn)
@@ -196,19 +274,33 @@ class Worker:
                 self.metrics.registry, self.settings.metrics_port, self.settings.metrics_address
             )
         context = zmq.Context()
+        serving = self._bind_serving(context)
         socket = context.socket(zmq.DEALER)
         wire.configure_socket(socket, self.settings.max_message_bytes)
         if self.settings.curve_server_key:
             wire.curve_client(socket, self.settings.curve_server_key)
         wire.attach(socket, self.settings.connect, field="connect", bind=False)
+        if serving is not None:
+            self._send(socket, "serving", {"endpoint": self.advertised})
         self._send(
             socket, "ready", {"credit": self.settings.prefetch, "needs_tokens": self.needs_tokens}
         )
         self._next_beat = time.monotonic() + self.settings.heartbeat_interval
+        poller = zmq.Poller()
+        poller.register(socket, zmq.POLLIN)
+        if serving is not None:
+            poller.register(serving, zmq.POLLIN)
         try:
             while not self.stopping:
                 timeout = max(0.0, self._next_beat - time.monotonic())
-                if socket.poll(int(timeout * 1000) + 1, zmq.POLLIN):
+                events = dict(poller.poll(int(timeout * 1000) + 1))
+                if serving is not None and serving in events:
+                    for _ in range(64):  # a burst of gets, without starving the producer
+                        self.handle_get(serving)
+                        if not serving.poll(0, zmq.POLLIN):
+                            break
+                    self.store.expire(time.monotonic())
+                if socket in events:
                     frames = socket.recv_multipart(copy=False)
                     try:
                         message = wire.decode(frames, self.limits)
@@ -236,6 +328,8 @@ class Worker:
                 self._beat_if_due(socket)
         finally:
             socket.close(linger=0)
+            if serving is not None:
+                serving.close(linger=0)
             context.term()
             if metrics_server is not None:
                 metrics_server.close()

@@ -304,6 +304,9 @@ def all_exported_names() -> set[str]:
                     "seconds_blocked",
                     "rejected",
                     "resent",
+                    "batches_from_workers",
+                    "batches_rerouted",
+                    "worker_batches_refused",
                 ),
                 0,
             ) | {"rank": 0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import msgpack
 import numpy as np
@@ -44,7 +45,7 @@ def test_ready_header_bytes_are_pinned():
     assert header == bytes.fromhex(
         "85"
         "a176"
-        "08"
+        "09"
         "a16b"
         "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
         "ac" + b"needs_tokens".hex() + "c2"
@@ -59,10 +60,77 @@ def test_fetch_header_bytes_are_pinned():
         "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4, "base": 0}
     )
     expected = (
-        b"\x89\xa1v\x08\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\x89\xa1v\x09\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
         b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa4base\x00\xa1f\x90"
     )
     assert header == expected
+
+
+def test_data_plane_headers_are_pinned():
+    """Version 9: a worker's ``serving`` announcement and a consumer's ``get``."""
+    assert wire.encode_header("serving", {"endpoint": "tcp://127.0.0.1:7000"}) == (
+        b"\x84\xa1v\x09\xa1k\xa7serving\xa8endpoint\xb4tcp://127.0.0.1:7000\xa1f\x90"
+    )
+    assert wire.encode_header("get", {"epoch": 1, "window": 2, "batch": 3}) == (
+        b"\x86\xa1v\x09\xa1k\xa3get\xa5epoch\x01\xa6window\x02\xa5batch\x03\xa1f\x90"
+    )
+
+
+def test_batch_digest_is_sha256_of_the_frames_as_they_travel():
+    """The digest a route carries: the same for a batch and the frames a worker serves
+    of it (a part message decoded), different for one token changed, and pinned."""
+    compact = worked_compact()
+    arrays = wire.batch_arrays(compact)
+    digest = wire.batch_digest(arrays)
+    part = wire.decode(wire.encode("part", {"epoch": 0, "window": 0, "batch": 0}, arrays))
+    assert wire.batch_digest(part.arrays) == digest
+    tokens = np.array(compact.tokens)
+    tokens[0] += 1
+    assert wire.batch_digest(arrays | {"tokens": tokens}) != digest
+    occurrences = np.array(compact.occurrences)
+    occurrences["source_id"][0] += 1
+    assert wire.batch_digest(arrays | {"occurrences": occurrences}) != digest
+    # the same values in another dtype are another batch on the wire: another digest
+    assert wire.batch_digest(arrays | {"tokens": compact.tokens.astype(np.uint16)}) != digest
+    expected = hashlib.sha256()
+    for name in wire.BATCH_FRAMES:
+        code, array = wire._wire_array(name, arrays[name])
+        expected.update(msgpack.packb([name, code, list(array.shape)]))
+        expected.update(array.tobytes())
+    assert digest == expected.digest()
+
+
+def test_a_route_with_part_frames_gives_the_batch():
+    compact = worked_compact()
+    fields = {
+        "epoch": 0,
+        "index": 0,
+        "window": 0,
+        "batch": 0,
+        "filler": False,
+        "binding": wire.binding_to_wire(compact.binding),
+        "endpoint": "tcp://127.0.0.1:7000",
+        "digest": wire.batch_digest(wire.batch_arrays(compact)).hex(),
+    } | wire.batch_shape(compact)
+    route = wire.decode(wire.encode("route", fields))
+    part = wire.decode(
+        wire.encode("part", {"epoch": 0, "window": 0, "batch": 0}, wire.batch_arrays(compact))
+    )
+    got = wire.compact_batch(route.fields, part.arrays)
+    assert got.expand().digest() == compact.expand().digest()
+    with pytest.raises(wire.ProtocolError, match="'reroute' message field 'reason'"):
+        wire.encode(
+            "reroute",
+            {
+                "rank": 0,
+                "world_size": 1,
+                "epoch": 0,
+                "index": 0,
+                "base": 0,
+                "endpoint": "",
+                "reason": 1,
+            },
+        )
 
 
 def test_window_header_lists_frames_with_dtype_and_shape():
@@ -487,7 +555,7 @@ def test_a_masked_batch_sends_one_mask_byte_per_token_and_expands_to_the_packed_
     compact = masked_compact()
     frames = wire.encode("batch", batch_fields(compact), wire.batch_arrays(compact))
     header = msgpack.unpackb(frames[0])
-    assert header["v"] == 8
+    assert header["v"] == wire.PROTOCOL_VERSION
     assert header["f"][2] == ["mask", "|u1", [12]]
     assert bytes(frames[3]) == bytes.fromhex("000001010100010001000101")
     received = wire.batch_from_message(wire.decode([zmq.Frame(bytes(f)) for f in frames]))
