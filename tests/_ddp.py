@@ -23,10 +23,10 @@ ACCUMULATION = 2
 VOCAB = 512
 
 
-def tiny_model() -> torch.nn.Module:
+def tiny_llama(vocab: int) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=16,
         intermediate_size=24,
         num_hidden_layers=1,
@@ -35,7 +35,11 @@ def tiny_model() -> torch.nn.Module:
         max_position_embeddings=512,
         attn_implementation="sdpa",
     )
-    return transformers.LlamaForCausalLM(config).to(torch.float64).train()
+    return transformers.LlamaForCausalLM(config).to(torch.float64)
+
+
+def tiny_model() -> torch.nn.Module:
+    return tiny_llama(VOCAB).train()
 
 
 def nll_sum(model: torch.nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,25 +20,11 @@ from pathlib import Path
 
 import torch
 import transformers
+from _ddp import tiny_llama
 
 import streampack as sp
 from streampack.integrations.hf import StreamTrainer
 from streampack.integrations.torch import StreamDataset
-
-
-def tiny_llama(vocab: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        attn_implementation="sdpa",
-    )
-    return transformers.LlamaForCausalLM(config).to(torch.float64)
 
 
 def fingerprint(arguments: dict) -> str:
