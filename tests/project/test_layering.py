@@ -163,7 +163,7 @@ def test_no_module_reaches_up_to_the_package_root_and_the_library_never_imports_
 LAYERS: list[tuple[str, list[str]]] = [
     ("leaves", ["errors", "config", "logs", "progress"]),
     ("kernels", ["kernels"]),
-    ("data model", ["examples", "batch", "exports", "loss", "settings"]),
+    ("data model", ["examples", "batch", "digests", "exports", "loss", "settings"]),
     ("references", ["reference"]),
     ("library operations", ["packing", "decoder", "auditing", "trace", "render"]),
     ("transport", ["wire", "client", "client_metrics"]),
