@@ -205,6 +205,19 @@ def iter_rows(reader: Reader) -> Iterator[np.ndarray]:
 
 
 def _random_access_rows(source: Any, vocab_size: int, masked: bool) -> Iterator[np.ndarray]:
+    parts = _random_access_parts(source)
+    ahead = next(parts, None)
+    prefetch = int(getattr(source, "prefetch_bytes", 0)) > 0  # a remote source
+    while ahead is not None:
+        ids, lengths = ahead
+        ahead = next(parts, None)
+        if prefetch and ahead is not None:  # the next block fetched while this one is hashed
+            source.prefetch(*ahead)
+        yield _gathered_rows(source, ids, lengths, vocab_size, masked)
+
+
+def _random_access_parts(source: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(ids, lengths)`` of the source's blocks, in order."""
     for lo in range(0, source.num_documents, BLOCK_DOCUMENTS):
         ids = np.arange(lo, min(source.num_documents, lo + BLOCK_DOCUMENTS), dtype=np.int64)
         lengths = source.lengths(ids)
@@ -213,7 +226,7 @@ def _random_access_rows(source: Any, vocab_size: int, masked: bool) -> Iterator[
         cuts = np.searchsorted(ends, np.arange(BLOCK_TOKENS, int(ends[-1]), BLOCK_TOKENS))
         for part_ids, part_lengths in zip(np.split(ids, cuts), np.split(lengths, cuts)):
             if len(part_ids):
-                yield _gathered_rows(source, part_ids, part_lengths, vocab_size, masked)
+                yield part_ids, part_lengths
 
 
 def _gathered_rows(

