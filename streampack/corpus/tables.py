@@ -92,10 +92,9 @@ ROW = np.dtype(
         ("problem", np.uint8),
     ]
 )
-# What one computed block holds at most: a few tens of MB of tokens.
+# What one computed block holds at most (tokens of up to 8 bytes: at most 64 MiB of them).
 BLOCK_TOKENS = 1 << 23
 BLOCK_DOCUMENTS = 1 << 15
-_FIRST_PROBLEMS = ("wrong_dtype", "malformed", "bad_range", "labels_mismatch")
 
 
 def block_rows(
