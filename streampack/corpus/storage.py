@@ -219,8 +219,9 @@ def _backend_options(scheme: str, options: StorageOptions) -> dict[str, Any]:
             "endpoint_url": options.endpoint_url,
             "client_kwargs": client,
             # One attempt inside botocore: the retries (and their counting) are ours.
+            # (Its ``max_attempts`` counts retries, not attempts: 1 was one more, unseen.)
             "config_kwargs": {
-                "retries": {"max_attempts": 1, "mode": "standard"},
+                "retries": {"total_max_attempts": 1, "mode": "standard"},
                 "connect_timeout": 5,
                 "read_timeout": 30,
             },
@@ -273,16 +274,24 @@ def _filesystem(scheme: str, options: StorageOptions) -> Any:
 
 
 def _status(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries, where it says one."""
+    """The HTTP status an exception carries, where it says one: its own, or the
+    store's answer it was raised from (s3fs raises an ``OSError`` from botocore's
+    error, which holds the answer). Not a cause's other numbers: aiohttp's error for
+    a body cut short carries the code 400, which no store answered."""
     for name in ("status", "status_code", "code"):
         value = getattr(exc, name, None)
         if isinstance(value, int) and 100 <= value < 600:
             return value
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(value, int):
-            return value
+    cause: BaseException | None = exc
+    for _ in range(4):
+        if cause is None:
+            break
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict):
+            value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(value, int):
+                return value
+        cause = cause.__cause__
     return None
 
 
