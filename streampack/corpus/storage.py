@@ -177,15 +177,18 @@ def inside_url(root: Url, name: str, what: str, *, allow_outside: bool) -> Url:
 
 @dataclasses.dataclass
 class StoreCounters:
-    """What one store did, for ``health`` and ``/metrics``."""
+    """What one store did in this process, for ``health`` and ``/metrics``
+    (:func:`storage_stats`). Counted here, below every reader, so any process that
+    reads a corpus (the producer, a worker) has them."""
 
-    requests: int = 0
-    bytes: int = 0
+    requests: int = 0  # attempts (a retry is one more)
+    bytes: int = 0  # fetched from the store
     retries: int = 0
-    throttles: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    cache_evictions: int = 0
+    throttles: int = 0  # of the retries, those the store asked for (429, 503 SlowDown)
+    cache_hits: int = 0  # blocks a read found in the node cache
+    cache_misses: int = 0  # blocks a read had to fetch (or wait for another fetcher)
+    cache_evictions: int = 0  # blocks this process removed to keep the cache bound
+    prefetch_ahead_bytes: int = 0  # gauge: fetched ahead of the cursor, not read yet
     longest_wait: float = 0.0  # seconds one read waited for the store, at most
 
 
@@ -206,6 +209,20 @@ def stores() -> list[Store]:
     """Every store this process opened (its counters, for metrics)."""
     with _STORES_LOCK:
         return list(_STORES.values())
+
+
+def storage_stats() -> dict[str, dict[str, float]]:
+    """Every store's counters of this process, summed by scheme (``{"s3": {...}}``;
+    ``longest_wait`` the longest of them): what ``health``'s ``storage`` and the
+    ``streampack_storage_*`` metrics report. Local files are memory maps, not counted."""
+    out: dict[str, dict[str, float]] = {}
+    for store in stores():
+        with store._lock:
+            counted = dataclasses.asdict(store.counters)
+        into = out.setdefault(store.scheme, dict.fromkeys(counted, 0))
+        for name, value in counted.items():
+            into[name] = max(into[name], value) if name == "longest_wait" else into[name] + value
+    return out
 
 
 def _backend_options(scheme: str, options: StorageOptions) -> dict[str, Any]:
