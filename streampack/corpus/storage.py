@@ -662,6 +662,37 @@ def remote(path: CorpusPath, what: str) -> RemoteFile | None:
     return RemoteFile(path, what) if isinstance(path, Url) else None
 
 
+def index_path(path: CorpusPath, what: str, kind: str) -> Path | None:
+    """Where a reader keeps what a whole pass of a remote file taught it (a JSON Lines
+    line index, a Parquet file's document lengths): ``DIR/index/KEY.KIND.npy`` beside
+    the node cache's blocks, named by the object's version (URL, ETag, size) and never
+    evicted with them; None for a local path."""
+    if not isinstance(path, Url):
+        return None
+    file = RemoteFile(path, what)
+    return file.store.cache.root / "index" / f"{file.key}.{kind}.npy"
+
+
+def save_index(where: Path, index: np.ndarray) -> None:
+    """``index`` written to ``where`` atomically (a reader sees all of it or none)."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    temporary = where.with_name(f".{where.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(temporary, "wb") as handle:
+        np.save(handle, index, allow_pickle=False)
+    os.replace(temporary, where)
+
+
+def load_index(where: Path | None) -> np.ndarray | None:
+    """The array ``save_index`` wrote at ``where``; None when there is none (or it
+    cannot be read)."""
+    if where is None:
+        return None
+    try:
+        return np.load(where, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+
+
 def exists(path: CorpusPath) -> bool:
     return path.store.exists(path) if isinstance(path, Url) else path.exists()
 

@@ -3,7 +3,8 @@ controls (``tests/_fault_proxy.py`` between the reader and the store: connection
 dropped before an answer and halfway through one, answers delayed, ``503 SlowDown``
 for a seeded share of requests), each time the stream the local one (``streampack
 digest``), every fault a retry mends retried, throttles counted apart and the longest
-wait printed; and what the storage layer counts, as ``health`` and ``/metrics`` show it."""
+wait printed; what the storage layer counts, as ``health`` and ``/metrics`` show it; and
+a Parquet resume that starts at its row group."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ import time
 import numpy as np
 import pytest
 from _fault_proxy import fault_proxy
-from _formats import documents, write_jsonl, write_shards
-from _object_store import serving, weed_binary
+from _formats import documents, write_jsonl, write_parquet, write_shards
+from _object_store import serving, settled_bytes, weed_binary
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streampack.cli import main as cli_main
 from streampack.corpus import open_corpus
-from streampack.corpus.storage import storage_stats, stores
+from streampack.corpus.storage import StorageOptions, Url, storage_stats, stores
 from streampack.service.metrics import STORAGE_METRICS, ProducerMetrics, WorkerMetrics
 from streampack.service.producer import Producer
 from streampack.settings import ProducerSettings
@@ -173,3 +174,48 @@ def test_health_and_metrics_show_what_the_storage_layer_counted(store, tmp_path)
     assert health["longest_wait"] > 0
     for key, (name, _, _) in STORAGE_METRICS.items():
         assert scraped[name] == from_worker[name] == health[key], name
+
+
+def test_a_parquet_resume_starts_at_its_row_group_not_the_start(store, tmp_path):
+    """A whole pass of remote Parquet files leaves their documents' lengths beside the
+    cache; a resume in order then cuts the windows before it from those lengths and
+    reads from the row group holding its first document (the footer's row counts say
+    which), never the groups before: beyond what opening the files costs, a share of
+    the whole pass's bytes about the share of the windows left (the cache a tenth of
+    the files: the blocks read first are gone), and the windows, numbers and all,
+    those read locally."""
+    local = tmp_path / "local"
+    local.mkdir()
+    write_parquet(local, documents(3000, seed=23), row_group_size=100, files=2)
+    url = store.upload(local, "parquet-resume")
+    size = sum(p.stat().st_size for p in local.glob("*.parquet"))
+    options = StorageOptions(
+        endpoint_url=store.endpoint,
+        cache_dir=str(tmp_path / "cache"),
+        block_bytes=4096,
+        cache_bytes=size // 10,
+        prefetch_bytes=4096,
+    )
+    spec = CutSpec(capacity=64, window_documents=64, window_tokens=2000)
+    counters = Url(url, options).store.counters
+    whole = list(iter_windows(open_corpus(url, storage=options), 0, spec))
+    assert len(list((tmp_path / "cache" / "index").glob("*.parquet-lengths.npy"))) == 2
+    passed = settled_bytes(counters)
+    open_corpus(url, storage=options)
+    opening = settled_bytes(counters) - passed
+    for late in (len(whole) // 2 + 1, len(whole) - 3):  # in the second file, one past a group
+        before = settled_bytes(counters)
+        resumed = list(iter_windows(open_corpus(url, storage=options), 0, spec, start_window=late))
+        fetched = settled_bytes(counters) - before
+        expected = list(iter_windows(open_corpus(local), 0, spec, start_window=late))
+        assert [w.index for w in resumed] == [w.index for w in expected]
+        assert [w.index for w in expected] == list(range(late, len(whole)))
+        for a, b in zip(resumed, expected, strict=True):
+            assert np.array_equal(a.tokens, b.tokens)
+            assert np.array_equal(a.source_id, b.source_id)
+        share = (len(whole) - late) / len(whole)
+        print(
+            f"files {size} bytes; a whole pass fetched {passed} (opening {opening}); a resume "
+            f"at window {late} of {len(whole)} fetched {fetched}"
+        )
+        assert fetched - opening < (share + 0.15) * (passed - opening), (fetched, share)
