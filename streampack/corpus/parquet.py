@@ -21,7 +21,12 @@ a row group at a time.
 A remote Parquet file (a URL: :mod:`streampack.corpus.storage`) is opened through a
 file object whose reads are range requests through the node cache: its footer is read
 once, then each row group's column chunks by range (``parquet_pages`` slices the
-file's bytes as a ``storage.RemoteArray``).
+file's bytes as a ``storage.RemoteArray``). Its first whole pass leaves its documents'
+lengths beside the node cache (``DIR/index/KEY.parquet-lengths.npy``, named by the
+object's version): a resume in corpus order then cuts the windows before it from those
+lengths and decodes from the row group holding its first document
+(:meth:`ParquetSource.resume_lengths`), never the groups before. A shuffled resume still
+reads from the start (as JSON Lines': ``streampack.corpus.jsonl``).
 """
 
 from __future__ import annotations
