@@ -44,6 +44,22 @@ def store(tmp_path_factory):
         yield started
 
 
+@pytest.fixture(scope="module")
+def corpora(store, tmp_path_factory):
+    """``(fmt, capsys) -> (URL, local digest)`` of one corpus per format, written,
+    uploaded and digested locally once for every fault case."""
+    made: dict[str, tuple[str, dict]] = {}
+
+    def corpus(fmt: str, capsys) -> tuple[str, dict]:
+        if fmt not in made:
+            local = tmp_path_factory.mktemp(fmt)
+            WRITERS[fmt](local, documents(200, seed=21))
+            made[fmt] = (store.upload(local, f"faults/{fmt}"), _digest(capsys, str(local)))
+        return made[fmt]
+
+    return corpus
+
+
 def _digest(capsys, corpus: str, *flags: str) -> dict:
     code = cli_main(["digest", "--corpus", corpus, *STREAM, *flags])
     out, err = capsys.readouterr()
@@ -51,6 +67,7 @@ def _digest(capsys, corpus: str, *flags: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # ~8 s a case on the 2-core machine: out of the edit-test loop
 @pytest.mark.parametrize(
     ("fmt", "faults"),
     [
@@ -63,14 +80,9 @@ def _digest(capsys, corpus: str, *flags: str) -> dict:
     ids=["drop", "cut", "delay", "throttle", "jsonl-all"],
 )
 def test_faults_between_reader_and_store_leave_the_stream_exact(
-    store, tmp_path, capsys, fmt, faults
+    store, corpora, tmp_path, capsys, fmt, faults
 ):
-    local = tmp_path / "local"
-    local.mkdir()
-    WRITERS[fmt](local, documents(200, seed=21))
-    name = "-".join(sorted(faults))
-    url = store.upload(local, f"faults/{fmt}-{name}")
-    expected = _digest(capsys, str(local))
+    url, expected = corpora(fmt, capsys)
     with fault_proxy(store.s3, seed=7, delay_seconds=0.2, **faults) as proxy:
         got = _digest(
             capsys,
