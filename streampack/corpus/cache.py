@@ -98,6 +98,9 @@ class BlockCache:
         # block): the eviction order's known future.
         self._planned: dict[str, collections.deque[int]] = {}
         self._clock = 0
+        # Block path -> its bytes, for the blocks this process fetched ahead and has not
+        # read yet: their sum is the prefetch depth (``prefetch_ahead_bytes``).
+        self._ahead: dict[str, int] = {}
 
     def plan(self, file: RemoteFile, indices: list[int]) -> None:
         """Blocks ``indices`` of ``file`` will be read next, after those planned before."""
@@ -156,9 +159,12 @@ class BlockCache:
         temporary.write_bytes(data)
         if ahead:  # fetched ahead, not read yet: last in the eviction order
             os.utime(temporary, (0, 0))
-        os.replace(temporary, path)  # atomic: a reader sees all of the block or none
-        with self._lock:
+        with self._lock:  # counted before a reader can see it, so its read uncounts it
             self._written += len(data)
+            if ahead and str(path) not in self._ahead:
+                self._ahead[str(path)] = len(data)
+                self.counters.prefetch_ahead_bytes += len(data)
+        os.replace(temporary, path)  # atomic: a reader sees all of the block or none
 
     def _claim(self, file: RemoteFile, index: int) -> bool:
         """Whether this process now holds the right to fetch the block (an abandoned
@@ -232,6 +238,10 @@ class BlockCache:
                             self._planned.pop(path, None)
             if missing:
                 self._fetch(file, missing, out, ahead)
+            if not ahead:  # read now (found, or fetched ahead while this read waited)
+                with self._lock:
+                    for path in held:
+                        self.counters.prefetch_ahead_bytes -= self._ahead.pop(path, 0)
         finally:
             self._hold(held, -1)
         self._evict_if_full()
@@ -335,6 +345,8 @@ class BlockCache:
                 continue
             used -= size
             evicted += 1
+            with self._lock:  # fetched ahead and gone before it was read
+                self.counters.prefetch_ahead_bytes -= self._ahead.pop(path, 0)
         self._count(cache_evictions=evicted)
 
 
