@@ -1,8 +1,8 @@
 """The data plane (``data_plane = "workers"``) end to end: real processes, real sockets.
 
 The worker whose plan of a window the producer accepted serves the window's batches;
-the producer sends each consumer a route (endpoint + SHA-256 of its own copy) and the
-consumer fetches the batch there, checks it before it is yielded, and takes it from
+the producer sends each consumer a route (endpoint + the route digest, from its own
+window) and the consumer fetches the batch there, checks it before it is yielded, and takes it from
 the producer whenever the worker fails it. Whatever the workers do, the stream is the
 ``streampack digest`` stream, byte for byte.
 """
@@ -49,6 +49,14 @@ def test_the_stream_through_the_workers_is_the_digest_stream(workers, reference)
     assert stats["batches_routed"] == stats["batches_served"] > 0
     # The producer sent routes, not tokens: well under a byte per real token.
     assert stats["bytes_sent_to_consumers"] < stats["tokens_served"]
+    # It counted from its plans, not from gathered batches: exactly what the ranks read.
+    for rank, items in received.items():
+        assert stats["tokens_served_by_rank"][str(rank)] == sum(
+            int(batch.target_valid.sum()) for _, batch in items
+        )
+        assert stats["supervised_targets_served_by_rank"][str(rank)] == sum(
+            int(batch.loss_mask.sum()) for _, batch in items
+        )
 
 
 def serving_peer(service: Service, mode: str) -> subprocess.Popen:
