@@ -93,12 +93,17 @@ def read_all(endpoint: str, **kwargs) -> tuple[list, dict, float]:
         return got, stream.metrics(), longest
 
 
-def test_a_worker_that_alters_a_token_is_caught_before_the_batch_is_yielded(one_rank):
-    """Its plans pass (they are the contract's); the batch it serves has one token
-    changed. The consumer's digest check refuses it, the producer sends the batch and
-    stops routing to that worker: the stream is exact."""
+@pytest.mark.parametrize("mode", ["tamper", "drop", "repeat", "reorder", "other"])
+def test_a_worker_that_serves_a_wrong_batch_is_caught_before_the_batch_is_yielded(
+    mode, one_rank
+):
+    """Its plans pass (they are the contract's); the batches it serves have a token
+    changed, their last document dropped or repeated, their first two documents'
+    tokens swapped, or are another window's batch (``_serving_peer``). The consumer's
+    digest check refuses the first such batch, the producer sends it and stops routing
+    to that worker: the stream is exact."""
     with Service(FIXTURE, epochs=2, data_plane="workers") as service:
-        serving_peer(service, "tamper")
+        serving_peer(service, mode)
         got, metrics, _ = read_all(service.consumer_endpoint)
         stats = service.stats()
     assert got == one_rank["list"]
