@@ -94,9 +94,7 @@ def read_all(endpoint: str, **kwargs) -> tuple[list, dict, float]:
 
 
 @pytest.mark.parametrize("mode", ["tamper", "drop", "repeat", "reorder", "other"])
-def test_a_worker_that_serves_a_wrong_batch_is_caught_before_the_batch_is_yielded(
-    mode, one_rank
-):
+def test_a_worker_that_serves_a_wrong_batch_is_caught_before_the_batch_is_yielded(mode, one_rank):
     """Its plans pass (they are the contract's); the batches it serves have a token
     changed, their last document dropped or repeated, their first two documents'
     tokens swapped, or are another window's batch (``_serving_peer``). The consumer's
