@@ -11,14 +11,24 @@ each ``--lengths`` value, with and without a uint8 mask, digested in one call by
 Each best of ``--repeats`` rounds, taking turns. Both are checked equal first.
 ``ratio`` is hashlib's time over the kernel's (above 1: the kernel is faster).
 
+Then ``corpus digest`` (``streampack.corpus.tables.digest_corpus``, the per-document
+table) over the same ``--documents`` (seeded lengths 16..480, mean ~248; masked but for
+Megatron; Parquet in row groups of 4096) written in each format the readers open, once
+warm: M tokens/s of the whole command (open, read, digest, write) and the table's bytes
+per document on disk.
+
     .venv/bin/python benchmarks/digests.py [--tokens 4000000] [--lengths 16,64,240,1024,8192]
+        [--documents 40000]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -37,6 +47,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="16,64,240,1024,8192")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--documents", type=int, default=40_000)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     kernel = _kernel()
@@ -73,7 +84,59 @@ def main() -> None:
                         "ratio": round(times["hashlib"] / times["kernel"], 2),
                     }
                 )
-    print(json.dumps({"kernel": kernel is not None, "tokens": args.tokens, "rows": rows}, indent=1))
+    report = {"kernel": kernel is not None, "tokens": args.tokens, "rows": rows}
+    report["corpus_digest"] = _corpus_digest(args.documents, args.seed)
+    print(json.dumps(report, indent=1))
+
+
+def _corpus_digest(count: int, seed: int) -> list[dict]:
+    """``corpus digest`` per format over the same masked documents (module docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from _formats import (
+        write_hf_dataset,
+        write_jsonl,
+        write_megatron,
+        write_parquet,
+        write_shards,
+    )
+
+    from streampack.corpus.tables import ROWS_NAME, digest_corpus
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(16, 481, count)
+    docs = [rng.integers(0, 512, int(n)).tolist() for n in lengths]
+    mask = [[0] * (len(d) // 2) + [1] * (len(d) - len(d) // 2) for d in docs]
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        writers = {
+            "shards": lambda root: write_shards(root, docs, supervision=mask),
+            "megatron (no mask)": lambda root: write_megatron(root, docs),
+            "jsonl": lambda root: write_jsonl(root, docs, supervision=mask),
+            "parquet": lambda root: write_parquet(
+                root, docs, supervision={"completion_mask": mask}, row_group_size=4096
+            ),
+            "arrow (save_to_disk)": lambda root: write_hf_dataset(
+                root, docs, supervision={"completion_mask": mask}
+            ),
+        }
+        for case, write in writers.items():
+            root = Path(tmp) / str(len(out))
+            root.mkdir()
+            write(root)
+            digest_corpus(root)  # warm: compiled kernels loaded, files in the page cache
+            written = digest_corpus(root)
+            out.append(
+                {
+                    "format": case,
+                    "documents": written["documents"],
+                    "m_tokens_per_second": round(written["tokens_per_second"] / 1e6, 2),
+                    "seconds": written["seconds"],
+                    "table_bytes_per_document": round(
+                        (root / ROWS_NAME).stat().st_size / written["documents"], 2
+                    ),
+                }
+            )
+    return out
 
 
 if __name__ == "__main__":

@@ -66,18 +66,18 @@ def _reference(tokens: np.ndarray, offsets: np.ndarray, mask: np.ndarray | None)
     return _hashlib_digests(data, tokens.dtype.itemsize, offsets, mask, out)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(6))  # every dtype with and without a mask
 def test_the_compiled_digests_equal_hashlibs_on_random_ranges(seed):
-    """Both dtypes, masked or not, empty ranges, one range of the whole buffer, a
+    """Both dtypes (and big-endian int32), masked or not, empty ranges, the whole buffer, a
     read-only (memory-map-like) buffer: byte for byte the hashlib loop's digests."""
     from streampack.digests import _kernel
 
     assert _kernel() is not None, "the compiled kernel is expected on this machine"
     rng = np.random.default_rng(seed)
-    dtype = (np.uint16, np.int32)[seed % 2]
+    dtype = (np.uint16, np.int32, np.dtype(">i4"))[seed % 3]  # big-endian: converted
     n = int(rng.integers(0, 5000))
     tokens = rng.integers(0, 60000, n).astype(dtype)
-    mask = rng.integers(0, 2, n).astype(np.uint8) if seed % 3 else None
+    mask = rng.integers(0, 2, n).astype(np.uint8) if seed % 2 else None
     cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(0, 60))))
     offsets = np.concatenate([[0], cuts, cuts[-1:] if len(cuts) else [], [n]]).astype(np.int64)
     tokens.flags.writeable = False
