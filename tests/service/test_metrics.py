@@ -311,6 +311,7 @@ def all_exported_names() -> set[str]:
                     "batches_from_workers",
                     "batches_rerouted",
                     "worker_batches_refused",
+                    "verify_seconds",
                 ),
                 0,
             ) | {"rank": 0}
