@@ -43,6 +43,9 @@ class Routes:
     def announce(self, identity: bytes, endpoint: str) -> None:
         """Worker ``identity`` serves consumers at ``endpoint`` (``ProtocolError`` if
         it is not an endpoint a consumer could connect to)."""
+        if self.endpoints.get(identity) == endpoint:  # the heartbeat's re-announcement
+            self.endpoints.move_to_end(identity)
+            return
         try:
             check_endpoint("serving endpoint", endpoint)
         except InvalidConfig as exc:
