@@ -43,6 +43,7 @@ import collections
 import contextlib
 import ctypes
 import functools
+import hashlib
 import mmap
 import os
 import shutil
@@ -271,6 +272,14 @@ class BlockCache:
     def _name(self, file: RemoteFile, index: int) -> str:
         """The block's file name as a string (built per block of every read: no Path)."""
         return f"{self._root}{os.sep}{file.key[:2]}{os.sep}{file.key}{os.sep}{index}"
+
+    def index_path(self, file: RemoteFile, name: str) -> str:
+        """Where a reader keeps a small index of ``file`` (``name``: which one) that it
+        read by exact ranges: beside the file's blocks, of the same version (evicted
+        like a block, and then read again)."""
+        folder = self._path(file, 0).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder / f"index-{hashlib.sha256(name.encode()).hexdigest()[:16]}")
 
     def _expected(self, file: RemoteFile, index: int) -> int:
         return min(file.size, (index + 1) * file.block) - index * file.block
