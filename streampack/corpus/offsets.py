@@ -177,6 +177,15 @@ class OffsetsReader(SingleSource):
         it cached; the bytes that is."""
         part = self._locate(ids)
         total = 0
+        # Parts in one remote file (an Arrow file's record batches): one prefetch of the
+        # window's ranges in it, not one per part.
+        flats = [self._flat, *([self._mask_flat] if self.masked else [])]
+        remote = [f for f in flats if f is not None and isinstance(f.values, RemoteArray)]
+        if len(remote) == len(flats):
+            for flat in remote:
+                starts, lengths = flat.ranges(part, ids - self._first[part])
+                total += flat.values.prefetch(starts, lengths)
+            return total
         for s, sel in self._by_part(part, self._parts_of(part)):
             local = ids[sel] - self._first[s]
             stored = self.parts[s]

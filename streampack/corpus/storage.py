@@ -224,6 +224,9 @@ def _backend_options(scheme: str, options: StorageOptions) -> dict[str, Any]:
                 "retries": {"max_attempts": 1, "mode": "standard"},
                 "connect_timeout": 5,
                 "read_timeout": 30,
+                # A connection for each range request in flight (``max_requests``, and a
+                # few single-block reads outside the pool): none waits for another's.
+                "max_pool_connections": options.max_requests + 4,
             },
             "skip_instance_cache": True,
         }
