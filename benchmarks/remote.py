@@ -14,11 +14,12 @@ end of the open) — what a trainer would stall for.
 
 The ceiling, measured first in the same run: what the store serves through the same S3
 client with nothing of streampack's around it (no cache, claim or file written): every
-byte of the corpus's larger files as GETs of ``--block-bytes`` ranges, ``max_requests``
-at once (``ceiling_mb_s``), and the first request of a fresh client (``first_request_s``:
-what every process pays once, the client's start). Per row then ``ceiling_ratio``: the
-cold ratio a reader would reach fetching the row's bytes at that speed and doing nothing
-else; ``cold_of_ceiling``: the cold read's speed as a share of that.
+byte of the corpus's larger files, each as ``max_requests`` range GETs at once
+(``ceiling_mb_s``, the faster of two rounds), and the first request of a fresh client
+(``first_request_s``: what every process pays once, the client's start). Per row then
+``ceiling_ratio``: the cold ratio a reader would reach fetching the row's bytes at that
+speed and doing nothing else; ``cold_of_ceiling``: the cold read's speed as a share of
+that.
 
     python benchmarks/remote.py [--documents 20000] [--block-bytes 1048576]
 """
@@ -82,12 +83,13 @@ def ceiling(url: str, data: Path, options: StorageOptions) -> dict[str, float]:
     files = [storage.RemoteFile(storage.Url(f"{url}/{name}", options)) for name in names[:1]]
     first = time.perf_counter() - start
     files += [storage.RemoteFile(storage.Url(f"{url}/{name}", options)) for name in names[1:]]
-    block = options.block_bytes
-    jobs = [
-        functools.partial(store.fetch, file, lo, min(file.size, lo + block))
-        for file in files
-        for lo in range(0, file.size, block)
-    ]
+    jobs = []
+    for file in files:  # each file in max_requests ranges (of whole blocks), all at once
+        step = -(-file.size // options.max_requests // options.block_bytes) * options.block_bytes
+        jobs += [
+            functools.partial(store.fetch, file, lo, min(file.size, lo + step))
+            for lo in range(0, file.size, step)
+        ]
     start = time.perf_counter()
     fetched = sum(len(data) for data in store.map(jobs))
     seconds = time.perf_counter() - start
@@ -113,11 +115,13 @@ def main() -> None:
         store.start()
         try:
             url = store.upload(root / "data", "bench")
-            top = ceiling(
-                url,
-                root / "data",
-                StorageOptions(endpoint_url=store.endpoint, block_bytes=args.block_bytes),
-            )
+            bare = StorageOptions(endpoint_url=store.endpoint, block_bytes=args.block_bytes)
+            # Twice, the faster kept: the first also starts the store's own reading.
+            rounds = [ceiling(url, root / "data", bare) for _ in range(2)]
+            top = {
+                "ceiling_mb_s": max(r["ceiling_mb_s"] for r in rounds),
+                "first_request_s": rounds[0]["first_request_s"],  # the process's first
+            }
             read(paths["shards"], True, None)  # the gather kernels loaded before any timing
             for fmt in FORMATS:
                 for shuffle in (False, True):
