@@ -41,10 +41,13 @@ prompt of a random share of each document, then the response, as the masked rows
 of 8192 documents). The three tries of a repeat run back to back (the order rotating),
 and each repeat's ratios are masked / shards and Parquet / shards (targets: >= 0.8).
 
-``--compare data_plane`` serves the shards with 2 workers to 2 consumers with
-``data_plane = "producer"`` and ``"workers"``, the two tries of each repeat back to back
-(the order alternating), and reports per data plane the best try's ``per_token`` and
-the ratios workers / producer of the producer's CPU and bytes sent per delivered token.
+``--compare data_plane`` serves the shards to 2 consumers with ``data_plane =
+"producer"`` (2 workers) and ``"workers"`` (1, 2 and 4 workers), the tries of each
+repeat back to back (the order alternating), and reports per configuration the best
+try's ``per_token`` (``consumers_verifying``: the CPU the consumers spent recomputing
+route digests, ``consume``'s ``verify_seconds``; ``consumer_verify_share`` its share
+of their CPU) and the ratios workers / producer, at 2 workers, of the producer's CPU
+and bytes sent per delivered token.
 
     .venv/bin/python benchmarks/service.py [--documents 100000] [--repeats 3]
                                            [--backups on|off|both]
@@ -262,6 +265,8 @@ def run_service(
     tokens = sum(o["tokens"] for o in outputs)
     batches = sum(o["batches"] for o in outputs)
     seconds = max(o["seconds"] for o in outputs)
+    consumer_span_cpu = sum(o["cpu_seconds"] for o in outputs)
+    verify = sum(o["verify_seconds"] for o in outputs)
     return {
         "workers": workers,
         "consumers": consumers,
@@ -285,10 +290,13 @@ def run_service(
             {
                 "producer": producer_cpu,
                 "workers": worker_cpu,
-                "consumers": sum(o["cpu_seconds"] for o in outputs),
+                "consumers": consumer_span_cpu,
+                "consumers_verifying": verify,
             },
             sent,
         ),
+        # The digest check's share of the consumers' CPU (data_plane = "workers").
+        "consumer_verify_share": round(verify / consumer_span_cpu, 3) if consumer_span_cpu else 0,
         "tokens": tokens,
         "batches": batches,
     }
@@ -464,27 +472,37 @@ def main() -> None:
     print(json.dumps(report, indent=1))
 
 
+#: The configurations ``--compare data_plane`` runs: (data_plane, workers).
+DATA_PLANE_RUNS = (("producer", 2), ("workers", 1), ("workers", 2), ("workers", 4))
+
+
 def compare_data_planes(shards: Path, repeats: int, window_tokens: int) -> dict:
-    """2 workers, 2 consumers, ``data_plane`` producer and workers back to back per
-    repeat (the order alternating); the best try of each by delivered rate, and the
-    producer's CPU and bytes per delivered token of workers over producer."""
-    planes = ("producer", "workers")
-    tries: dict[str, list[dict]] = {plane: [] for plane in planes}
+    """2 consumers; ``data_plane`` producer with 2 workers beside workers with 1, 2 and 4,
+    the tries of each repeat back to back (the order alternating). Per configuration
+    the best try by delivered rate, the producer's CPU per token of each try, and the
+    consumers' verification share (``verify_seconds`` of their CPU); then the ratios
+    workers / producer at 2 workers of the producer's CPU (medians) and bytes sent per
+    delivered token."""
+    tries: dict[tuple[str, int], list[dict]] = {run: [] for run in DATA_PLANE_RUNS}
     for repeat in range(repeats):
-        for plane in planes if repeat % 2 == 0 else planes[::-1]:
-            tries[plane].append(run_service(shards, 2, 2, window_tokens, data_plane=plane))
+        for plane, workers in DATA_PLANE_RUNS if repeat % 2 == 0 else DATA_PLANE_RUNS[::-1]:
+            run = run_service(shards, workers, 2, window_tokens, data_plane=plane)
+            tries[(plane, workers)].append(run)
     out: dict[str, Any] = {}
-    for plane in planes:
-        best = max(tries[plane], key=lambda run: run["million_tokens_per_s"])
+    for (plane, workers), runs in tries.items():
+        best = max(runs, key=lambda run: run["million_tokens_per_s"])
         best["producer_cpu_ns_per_token_of_each_try"] = [
-            run["per_token"]["cpu_ns"]["producer"] for run in tries[plane]
+            run["per_token"]["cpu_ns"]["producer"] for run in runs
         ]
-        out[plane] = best
+        out[f"{plane}_{workers}_workers"] = best
     cpu = {
-        plane: float(np.median(out[plane]["producer_cpu_ns_per_token_of_each_try"]))
-        for plane in planes
+        plane: float(np.median(out[f"{plane}_2_workers"]["producer_cpu_ns_per_token_of_each_try"]))
+        for plane in ("producer", "workers")
     }
-    sent = {plane: out[plane]["per_token"]["producer_bytes_sent"] for plane in planes}
+    sent = {
+        plane: out[f"{plane}_2_workers"]["per_token"]["producer_bytes_sent"]
+        for plane in ("producer", "workers")
+    }
     out["workers_over_producer"] = {
         "producer_cpu_per_token_median": round(cpu["workers"] / cpu["producer"], 3),
         "producer_bytes_to_consumers_per_token": round(

@@ -6,8 +6,9 @@ Numba compiles one specialization per argument type, and the types a process mee
 depend on its path (arrays decoded from messages are read-only views, for one), so the
 warm-up does not call internals: it runs the real commands on a small corpus —
 ``streampack serve`` with an auditing worker, ``streampack consume`` against it,
-``streampack digest`` in process, and ``streampack trace`` — and checks on the way
-that the served stream equals the in-process one and that every audit passed.
+``streampack digest`` in process, ``streampack corpus digest`` (the compiled content
+digests) and ``streampack trace`` — and checks on the way that the served stream
+equals the in-process one and that every audit passed.
 
 Usage: ``python warmup.py`` (prints one JSON line with what it ran).
 """
@@ -124,9 +125,13 @@ def main() -> int:
         in_process = _streampack(
             "digest", "--corpus", str(corpus), "--rank", "0", "--world-size", "1", *SETTINGS
         )
+        # The per-document table: the compiled content digests (corpus/tables.py).
+        table = _streampack("corpus", "digest", str(corpus))
     stats = status["stats"]
     if served["digest"] != in_process["digest"] or served["batches"] == 0:
         raise SystemExit(f"warm-up: served {served} but in process {in_process}")
+    if table["documents"] == 0:
+        raise SystemExit(f"warm-up: corpus digest wrote no rows: {table}")
     if stats.get("audited", 0) == 0 or stats.get("audit_failures", 0):
         raise SystemExit(f"warm-up: audits did not all pass: {stats}")
     subprocess.run(

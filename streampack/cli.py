@@ -48,7 +48,7 @@ COMMANDS: list[tuple[str, str, str]] = [
         "corpus",
         "streampack.corpus.command",
         "build a token corpus from text (build, or in parts: build --shard and merge), "
-        "or report on one (inspect)",
+        "compute its per-document table (digest), or report on one (inspect)",
     ),
     (
         "demo",

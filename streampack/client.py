@@ -29,12 +29,14 @@ expanded into memory that is reused once the trainer has dropped every reference
 an earlier batch (``BatchMemory``).
 
 With the producer's ``data_plane = "workers"`` a batch may arrive as a *route*: the
-endpoint of the worker that packed it and the SHA-256 the producer computed from its
-own copy. The client fetches the batch's frames from that worker (``get``; at most
-``route_timeout`` seconds) and checks them against the digest before the batch is held,
-let alone yielded. A mismatch, a ``missing`` answer, a malformed one or silence makes
-it ask the producer for the batch itself (``reroute``: the producer's path is the
-safety net, so the stream is exactly the same), counted in ``metrics()``
+endpoint of the worker that packed it and the route digest the producer computed from
+its own window (``wire.route_digest``: the occurrence records and each range's content
+digest). The client fetches the batch's frames from that worker (``get``; at most
+``route_timeout`` seconds) and recomputes the digest from them (``wire.frames_digest``,
+timed in ``verify_seconds``) before the batch is held, let alone yielded. A mismatch,
+a ``missing`` answer, a malformed one or silence makes it ask the producer for the
+batch itself (``reroute``: the producer's path is the safety net, so the stream is
+exactly the same), counted in ``metrics()``
 (``batches_rerouted``; ``worker_batches_refused`` for mismatches, which also make the
 producer stop routing to that worker). A worker that timed out is not asked again for
 ``UNREACHABLE_FOR`` seconds: each of its routes is rerouted at once.
@@ -345,6 +347,7 @@ class BatchStream:
         self.batches_from_workers = 0  # routed batches fetched and verified
         self.batches_rerouted = 0  # routes given up on: the producer sent the batch
         self.worker_batches_refused = 0  # of those, frames that did not match the digest
+        self.verify_seconds = 0.0  # CPU time spent recomputing routed batches' digests
         # Load the check and expand kernels now, not inside the first next_batch. Imported
         # here so that importing this module does not load Numba.
         from streampack.packing import warm_up_kernels
@@ -396,6 +399,7 @@ class BatchStream:
             "batches_from_workers": self.batches_from_workers,
             "batches_rerouted": self.batches_rerouted,
             "worker_batches_refused": self.worker_batches_refused,
+            "verify_seconds": self.verify_seconds,
         }
 
     def state_dict(self) -> dict[str, int]:
@@ -590,7 +594,10 @@ class BatchStream:
         endpoint = f["endpoint"]
         reason, arrays = self._get_from_worker(endpoint, f)
         if arrays is not None:
-            if wire.batch_digest(arrays).hex() != f["digest"]:
+            started = time.thread_time()
+            digest = wire.frames_digest(arrays)
+            self.verify_seconds += time.thread_time() - started
+            if digest is None or digest.hex() != f["digest"]:
                 reason = "digest"
             else:
                 try:

@@ -52,6 +52,10 @@ CLIENT_COUNTERS: dict[str, tuple[str, str]] = {
         "streampack_client_worker_batches_refused",
         "Batches from a worker whose frames did not match the producer's digest",
     ),
+    "verify_seconds": (
+        "streampack_client_verify_seconds",
+        "CPU seconds spent recomputing the digests of batches fetched from workers",
+    ),
 }
 
 #: Every metric this module exports: name -> (type, help).

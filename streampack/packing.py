@@ -586,7 +586,23 @@ def warm_up_kernels() -> tuple[Examples, CompactBatch]:
                         arrays[name].flags.writeable = False
                 dataclasses.replace(batch, **arrays).checked(max_cells=4).expand()
     pack_examples(masked, binding, config)
+    _warm_up_digests()
     return examples, batch
+
+
+def _warm_up_digests() -> None:
+    """Load the content digest kernel (``digests.range_digests``, on the data plane's
+    path: the producer digests windows, a consumer the batches workers serve) for
+    tokens and masks writable or read-only, as decoded frames are."""
+    from .digests import range_digests
+
+    offsets = np.array([0, 2, 3], np.int64)
+    for read_only in (False, True):
+        tokens = np.array([1, 2, 3], np.uint16)
+        mask = np.array([1, 0, 1], np.uint8)
+        tokens.flags.writeable = mask.flags.writeable = not read_only
+        range_digests(tokens, offsets)
+        range_digests(tokens, offsets, mask)
 
 
 def _occurrence_records(

@@ -1,9 +1,9 @@
-"""The wire protocol between producer, pack workers and consumers (version 9).
+"""The wire protocol between producer, pack workers and consumers (version 10).
 
 Every message is a ZeroMQ multipart message::
 
     frame 0      header: one msgpack map, keys in this order
-                   "v"  protocol version (int, 9)
+                   "v"  protocol version (int, 10)
                    "k"  kind (str, one of KINDS)
                    ...  the kind's fields, in the order KINDS lists them
                    "f"  one [name, dtype, shape] triple per following frame
@@ -14,7 +14,7 @@ For example ``encode_header("ready", {"credit": 2, "needs_tokens": False})`` is 
 37 bytes (the tests pin them)::
 
     85                    map of 5
-    a1 76 09              "v": 9
+    a1 76 0a              "v": 10
     a1 6b a5 72 65 61 64 79      "k": "ready"
     a6 63 72 65 64 69 74 02      "credit": 2
     ac 6e 65 65 64 73 5f 74 6f 6b 65 6e 73 c2      "needs_tokens": false
@@ -69,9 +69,11 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
                                                  (version 9, data_plane = "workers") a
                                                  `batch` without its frames: the worker at
                                                  `endpoint` holds them as batch `batch` of
-                                                 `window`; `digest` is the hex SHA-256 of
-                                                 the frames (``batch_digest``), computed by
-                                                 the producer from its own copy
+                                                 `window`; `digest` is the hex route digest
+                                                 of its frames (``route_digest``, version
+                                                 10: over the occurrence records and each
+                                                 range's content digest), which the
+                                                 producer computes from its window
     reroute    C->P  rank world_size epoch index base endpoint reason
                                                  (version 9) send batch `index` itself: the
                                                  route to `endpoint` failed (`reason`:
@@ -87,7 +89,7 @@ Kinds and directions (P producer, W pack worker, C consumer or health probe):
     part       W->C  epoch window batch          the answer to `get`: frames tokens occurrences
                                                  mask, the compact batch's frames as in
                                                  `batch`; the consumer checks them against
-                                                 the producer's digest (``batch_digest``)
+                                                 the producer's digest (``frames_digest``)
     missing    W->C  epoch window batch          this worker does not hold that batch (never
                                                  held, already delivered, expired or dropped
                                                  for room)
@@ -117,19 +119,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 import numpy as np
 
 from streampack.batch import OCCURRENCE_DTYPE, CompactBatch
+from streampack.digests import range_digests
 from streampack.errors import InvalidArray, InvalidConfig, ProtocolError
 from streampack.examples import Binding, Examples
 
 if TYPE_CHECKING:
     import zmq
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 
 _INT = "int"
 _STR = "str"
@@ -587,22 +590,42 @@ def batch_arrays(batch: CompactBatch) -> dict[str, np.ndarray]:
     }
 
 
-def batch_digest(arrays: Mapping[str, Any]) -> bytes:
-    """SHA-256 of a compact batch's frames (``BATCH_FRAMES``) as they travel: per frame
-    its name, dtype code and shape, then its bytes.
+def route_digest(occurrences: np.ndarray, contents: np.ndarray) -> bytes:
+    """A routed batch's digest (version 10): SHA-256 over its occurrence records as they
+    travel, then the content digest (``digests.range_digests``) of each occurrence's
+    range, in order.
 
-    The producer computes it from its own copy of a batch; a consumer that fetched the
-    batch's frames from a worker compares them with it before the batch is used. A
-    keyed or polynomial hash would be cheaper, but a worker holds the batch it serves and
-    would learn the key (or the polynomial) and forge a collision; SHA-256 is the
-    cheapest hash a peer holding the data cannot steer.
+    The records say where every token goes and which document range it must be; the
+    content digests say what those tokens and their mask are. The producer computes the
+    content digests from its window (no batch gathered), a consumer from the frames a
+    worker served (``frames_digest``); the rest of what it yields (rows, capacity,
+    policy, step targets, binding, filler) comes from the producer's route itself.
+    SHA-256 throughout because a worker holds the data it serves: it could steer a keyed
+    or polynomial hash whose key it must be given, not this one.
     """
-    digest = hashlib.sha256()
-    for name in BATCH_FRAMES:
-        code, array = _wire_array(name, arrays[name])
-        digest.update(msgpack.packb([name, code, list(array.shape)]))
-        digest.update(array.data.cast("B") if array.size else b"")
+    records = np.ascontiguousarray(occurrences, OCCURRENCE_DTYPE.newbyteorder("<"))
+    digest = hashlib.sha256(records.data.cast("B") if records.size else b"")
+    digest.update(np.ascontiguousarray(contents, np.uint8).data.cast("B"))
     return digest.digest()
+
+
+def frames_digest(arrays: Mapping[str, np.ndarray]) -> bytes | None:
+    """``route_digest`` of a compact batch's frames (``BATCH_FRAMES``) as a worker served
+    them: its tokens must be exactly its occurrences' ranges laid end to end (else None:
+    no digest can match), hashed in the dtype they came in, with the mask when one came."""
+    occurrences, tokens, mask = arrays["occurrences"], arrays["tokens"], arrays["mask"]
+    if occurrences.dtype != OCCURRENCE_DTYPE or occurrences.ndim != 1:
+        return None
+    lengths = occurrences["range_stop"] - occurrences["range_start"]
+    offsets = np.zeros(lengths.size + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] != tokens.size:
+        return None
+    try:
+        contents = range_digests(tokens, offsets, mask if mask.size else None)
+    except ValueError:  # a dtype, a shape or a range no producer sends
+        return None
+    return route_digest(occurrences, contents)
 
 
 def mask_from_frames(arrays: Mapping[str, np.ndarray]) -> np.ndarray | None:
@@ -657,7 +680,21 @@ def window_examples(arrays: Mapping[str, np.ndarray]) -> Examples:
     )
 
 
-def batch_shape(batch: CompactBatch) -> dict[str, int | str]:
+class Shaped(Protocol):
+    """What ``batch_shape`` reads: a ``CompactBatch``, or a batch the producer holds
+    as its plan (``service/planned.py``)."""
+
+    @property
+    def rows(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def step_targets(self) -> int | None: ...
+
+
+def batch_shape(batch: Shaped) -> dict[str, int | str]:
     """The header fields that say how to expand a ``CompactBatch``, which placement
     policy made it, and its step's targets (-1: unknown)."""
     step = -1 if batch.step_targets is None else batch.step_targets

@@ -230,3 +230,15 @@ def serving(root: Path) -> Iterator[ObjectStore]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def settled_bytes(counters, quiet: float = 0.3, limit: float = 15.0) -> int:
+    """The bytes a store's ``counters`` fetched once the background fetches stop (none
+    for ``quiet`` seconds; ``limit`` at most)."""
+    deadline = time.monotonic() + limit
+    seen, since = counters.bytes, time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < quiet:
+        time.sleep(0.02)
+        if counters.bytes != seen:
+            seen, since = counters.bytes, time.monotonic()
+    return seen

@@ -21,7 +21,7 @@ as a memory map is::
 
 the footer first (the file's last bytes), then each batch's metadata (where its buffers
 lie in its body) and the list offsets of the token (and mask) column — exact ranges, a
-few hundred bytes each, fetched in parallel and kept in the node cache as a small index
+few hundred bytes each, fetched in parallel and kept beside the node cache as a small index
 (:func:`_remote_index`) — and then only the token ranges the windows hold, through the
 cache's blocks. A file this does not lay out (compressed buffers, dictionaries, column
 types before the tokens it does not count, a bool mask) and an IPC stream (what
@@ -32,8 +32,8 @@ corpus opens, through the node cache, into memory.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
-import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,10 @@ from streampack.corpus.storage import (
     RemoteFile,
     Url,
     exists,
+    index_path,
+    load_index,
     read_bytes,
+    save_index,
 )
 from streampack.errors import InvalidConfig
 
@@ -288,14 +291,15 @@ def _remote_index(
     """For each of ``columns`` (lists of a fixed-width type) in every record batch: the
     list offsets, where its values start in the file and how many there are, and its
     null values — from the footer, each batch's metadata and the offsets buffers, read
-    as exact ranges (once per object version: kept in the node cache). None when the
-    file is not laid out so (see module): it is read whole then."""
-    cached = file.store.cache.index_path(file, "arrow\0" + "\0".join(columns))
-    try:
-        with np.load(cached) as kept:
-            return dict(kept)
-    except (OSError, ValueError):
-        pass
+    as exact ranges (once per object version: kept in ``DIR/index/``, see
+    ``storage.index_path``). None when the file is not laid out so (see module): it
+    is read whole then."""
+    which = hashlib.sha256("\0".join(columns).encode()).hexdigest()[:16]
+    cached = index_path(file.url, "Arrow file", f"arrow-{which}")
+    kept = load_index(cached)
+    found = None if kept is None else _unpacked(kept, columns)
+    if found is not None:
+        return found
     tail = file.read(file.size - 10, file.size)
     if file.size < 22 or tail[4:] != _MAGIC:
         return None
@@ -345,11 +349,36 @@ def _remote_index(
         index[f"{name}.bounds"] = np.cumsum([0] + [len(o) for o in lists])
         index[f"{name}.offsets"] = np.concatenate(lists)
     index.update({key: np.asarray(value, np.int64) for key, value in out.items()})
-    temporary = f"{cached}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as sink:
-        np.savez(sink, **index)  # type: ignore[arg-type]
-    os.replace(temporary, cached)
+    if cached is not None:
+        save_index(cached, _packed(index, columns))
     return index
+
+
+_KEPT = ("start", "count", "nulls", "bounds", "offsets")  # per column, in this order
+
+
+def _packed(index: dict[str, np.ndarray], columns: list[str]) -> np.ndarray:
+    """``_remote_index``'s arrays as one int64 array (``storage.save_index`` keeps one):
+    the batch count, then each column's arrays in ``_KEPT`` order."""
+    batches = len(index[f"{columns[0]}.start"])
+    return np.concatenate(
+        [[batches], *(index[f"{name}.{key}"] for name in columns for key in _KEPT)]
+    ).astype(np.int64)
+
+
+def _unpacked(kept: np.ndarray, columns: list[str]) -> dict[str, np.ndarray] | None:
+    """What ``_packed`` wrote; None for an array not of that shape (written otherwise)."""
+    batches, at = (int(kept[0]) if len(kept) else -1), 1
+    out: dict[str, np.ndarray] = {}
+    for name in columns:
+        for key in _KEPT:
+            size = (
+                batches + (key == "bounds") if key != "offsets" else int(out[f"{name}.bounds"][-1])
+            )
+            if batches < 0 or size < 0 or at + size > len(kept):
+                return None
+            out[f"{name}.{key}"], at = kept[at : at + size], at + size
+    return out if at == len(kept) else None
 
 
 def _remote_parts(

@@ -89,6 +89,7 @@ from streampack.corpus.storage import (
     file_size,
     open_binary,
 )
+from streampack.corpus.tables import ROWS_NAME, RowSpool, block_rows, write_manifest
 from streampack.errors import InvalidConfig
 
 logger = logging.getLogger(__name__)
@@ -706,20 +707,24 @@ class _Run:
         if writer.lengths:
             writer.flush()
         report.shards = len(writer.names)
-        if self.part is not None:
-            write_record(writer.out, self.part, self._record(writer, report))
-        elif not writer.names:
-            raise InvalidConfig(f"{str(self.source)!r} holds no {what}: nothing to build")
-        else:
-            manifest: dict[str, Any] = {
-                "format": MANIFEST_FORMAT,
-                "version": MANIFEST_VERSION,
-                "binding": report.binding,
-                "shards": writer.names,
-            }
-            if writer.masked:
-                manifest["mask"] = True
-            writer.out.put_bytes("manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+        try:
+            if self.part is not None:
+                writer.out.put(ROWS_NAME, writer.table.write)  # the merge joins them
+                write_record(writer.out, self.part, self._record(writer, report))
+            elif not writer.names:
+                raise InvalidConfig(f"{str(self.source)!r} holds no {what}: nothing to build")
+            else:
+                manifest: dict[str, Any] = {
+                    "format": MANIFEST_FORMAT,
+                    "version": MANIFEST_VERSION,
+                    "binding": report.binding,
+                    "shards": writer.names,
+                }
+                if writer.masked:
+                    manifest["mask"] = True
+                write_manifest(writer.out, manifest, writer.table)
+        finally:
+            writer.table.close()
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         report.seconds = round(elapsed, 3)
         report.documents_per_second = round(report.documents / elapsed, 1)
@@ -769,6 +774,10 @@ class _ShardWriter:
         self.lengths: list[np.ndarray] = []
         self.masks: list[np.ndarray] = []
         self.pending_tokens = 0
+        self.vocab_size = vocab_size
+        # The document table's rows (corpus/tables.py), computed from each shard as
+        # written: the tokens and masks its reader will yield.
+        self.table = RowSpool()
 
     def add(self, batch: _Encoded) -> None:
         ends = np.cumsum(batch.lengths)  # each document's end in batch.tokens
@@ -798,5 +807,14 @@ class _ShardWriter:
             arrays["mask"] = np.concatenate(self.masks)
         for kind, array in arrays.items():
             self.out.put(f"{name}.{kind}.npy", functools.partial(np.save, arr=array))
+        self.table.add(
+            block_rows(
+                arrays["tokens"],
+                lengths,
+                self.vocab_size,
+                masked=self.masked,
+                mask=arrays.get("mask"),
+            )
+        )
         self.names.append(name)
         self.tokens, self.lengths, self.masks, self.pending_tokens = [], [], [], 0

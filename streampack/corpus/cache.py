@@ -43,7 +43,6 @@ import collections
 import contextlib
 import ctypes
 import functools
-import hashlib
 import mmap
 import os
 import shutil
@@ -190,6 +189,9 @@ class BlockCache:
         # block): the eviction order's known future.
         self._planned: dict[str, collections.deque[int]] = {}
         self._clock = 0
+        # Block path -> its bytes, for the blocks this process fetched ahead and has not
+        # read yet: their sum is the prefetch depth (``prefetch_ahead_bytes``).
+        self._ahead: dict[str, int] = {}
         # Remote file key -> its blocks mapped side by side (None: not mappable so).
         self._maps: dict[str, _Mapping | None] = {}
 
@@ -273,14 +275,6 @@ class BlockCache:
         """The block's file name as a string (built per block of every read: no Path)."""
         return f"{self._root}{os.sep}{file.key[:2]}{os.sep}{file.key}{os.sep}{index}"
 
-    def index_path(self, file: RemoteFile, name: str) -> str:
-        """Where a reader keeps a small index of ``file`` (``name``: which one) that it
-        read by exact ranges: beside the file's blocks, of the same version (evicted
-        like a block, and then read again)."""
-        folder = self._path(file, 0).parent
-        folder.mkdir(parents=True, exist_ok=True)
-        return str(folder / f"index-{hashlib.sha256(name.encode()).hexdigest()[:16]}")
-
     def _expected(self, file: RemoteFile, index: int) -> int:
         return min(file.size, (index + 1) * file.block) - index * file.block
 
@@ -322,9 +316,12 @@ class BlockCache:
         temporary.write_bytes(data)
         if ahead:  # fetched ahead, not read yet: last in the eviction order
             os.utime(temporary, (0, 0))
-        os.replace(temporary, path)  # atomic: a reader sees all of the block or none
-        with self._lock:
+        with self._lock:  # counted before a reader can see it, so its read uncounts it
             self._written += len(data)
+            if ahead and str(path) not in self._ahead:
+                self._ahead[str(path)] = len(data)
+                self.counters.prefetch_ahead_bytes += len(data)
+        os.replace(temporary, path)  # atomic: a reader sees all of the block or none
 
     def _claim(self, file: RemoteFile, index: int) -> bool:
         """Whether this process now holds the right to fetch the block (an abandoned
@@ -397,6 +394,10 @@ class BlockCache:
                         self._done(path)
             if missing:
                 self._fetch(file, missing, out, ahead)
+            if not ahead:  # read now (found, or fetched ahead while this read waited)
+                with self._lock:
+                    for path in held:
+                        self.counters.prefetch_ahead_bytes -= self._ahead.pop(path, 0)
         finally:
             self._hold(held, -1)
         self._evict_if_full()
@@ -505,6 +506,8 @@ class BlockCache:
                 continue
             used -= size
             evicted += 1
+            with self._lock:  # fetched ahead and gone before it was read
+                self.counters.prefetch_ahead_bytes -= self._ahead.pop(path, 0)
         self._count(cache_evictions=evicted)
 
     def _mapped_block(self, path: str) -> tuple[_Mapping, int] | None:

@@ -1,5 +1,6 @@
-"""``streampack corpus build|merge|inspect``: prepare a corpus from raw text (on one
-machine, or in parts on many: ``build --shard I/N`` then ``merge``), or look at one."""
+"""``streampack corpus build|merge|digest|inspect``: prepare a corpus from raw text (on
+one machine, or in parts on many: ``build --shard I/N`` then ``merge``), compute its
+per-document table (``digest``), or look at one."""
 
 from __future__ import annotations
 
@@ -99,6 +100,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     merge.add_argument("--parts", required=True, type=int, metavar="N", help="the N of --shard I/N")
     _storage_flags(merge)
+    digest = actions.add_parser(
+        "digest",
+        help="compute the per-document table (content digest, length, token range, "
+        "supervised targets) of a corpus, beside its manifest or into --out",
+    )
+    digest.add_argument(
+        "path",
+        metavar="PATH|URL",
+        help="a corpus manifest, a directory holding manifest.json, or a URL of either",
+    )
+    digest.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR|URL",
+        help="write the table here (default: beside the manifest, which then names it "
+        "under document_table)",
+    )
+    digest.add_argument(
+        "--corpus-allow-outside",
+        action="store_true",
+        help="let manifest file names lead outside its directory",
+    )
+    _storage_flags(digest)
     inspect = actions.add_parser(
         "inspect", help="documents, tokens, lengths, next-fit fill and problems of a corpus"
     )
@@ -131,7 +155,7 @@ def _storage_flags(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from streampack.errors import InvalidConfig
 
-    if args.action in ("build", "merge"):
+    if args.action in ("build", "merge", "digest"):
         from streampack.corpus.build import BUILD_CACHE_BYTES
         from streampack.settings import StorageOptions
 
@@ -140,6 +164,14 @@ def main(args: argparse.Namespace) -> int:
             region=args.corpus_region,
             cache_bytes=BUILD_CACHE_BYTES,
         )
+    if args.action == "digest":
+        from streampack.corpus.tables import digest_corpus
+
+        written = digest_corpus(
+            args.path, args.out, storage=storage, allow_outside=args.corpus_allow_outside
+        )
+        print(json.dumps(written))
+        return 0
     if args.action == "merge":
         from streampack.corpus.parts import merge_parts
 

@@ -45,9 +45,7 @@ from __future__ import annotations
 import functools
 import io
 import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,7 +53,15 @@ import numpy as np
 from streampack.corpus.files import regular_file
 from streampack.corpus.masks import MaskSpec, labels_to_mask, mask_spec
 from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
-from streampack.corpus.storage import CorpusPath, RemoteFile, Url, file_size, open_binary
+from streampack.corpus.storage import (
+    CorpusPath,
+    Url,
+    file_size,
+    index_path,
+    load_index,
+    open_binary,
+    save_index,
+)
 from streampack.errors import InternalError, InvalidConfig
 
 #: Non-blank lines read at open: a file where none is a document is refused.
@@ -242,24 +248,12 @@ class JsonlSource(SingleSource):
 BLOCK_BYTES = 4 << 20  # lines read and parsed at a time (more for one longer line)
 
 
-def _index_path(path: CorpusPath) -> Path | None:
-    """Where a remote file's line index is kept (module docstring), else None."""
-    if not isinstance(path, Url):
-        return None
-    file = RemoteFile(path, "JSON Lines file")
-    return file.store.cache.root / "index" / f"{file.key}.jsonl-index.npy"
-
-
 def _load_index(path: CorpusPath) -> np.ndarray | None:
     """The file's line index: int64 rows ``(byte offset, line number, length)`` per
     document, then ``(file size, lines + 1, blank lines)``; None when there is none
     (or it is not whole)."""
-    where = _index_path(path)
-    if where is None:
-        return None
-    try:
-        index = np.load(where, allow_pickle=False)
-    except (OSError, ValueError):
+    index = load_index(index_path(path, "JSON Lines file", "jsonl-index"))
+    if index is None:
         return None
     if index.ndim != 2 or index.shape[1] != 3 or not len(index) or index.dtype != np.int64:
         return None
@@ -269,17 +263,12 @@ def _load_index(path: CorpusPath) -> np.ndarray | None:
 def _save_index(
     path: CorpusPath, rows: list[np.ndarray], size: int, lines: int, blank: int
 ) -> None:
-    """Write the line index of a whole pass (atomically: a reader sees all or none)."""
-    where = _index_path(path)
+    """Write the line index of a whole pass."""
+    where = index_path(path, "JSON Lines file", "jsonl-index")
     if where is None:
         return
     tail = np.array([[size, lines, blank]], np.int64)
-    index = np.concatenate([*(r.astype(np.int64) for r in rows), tail])
-    where.parent.mkdir(parents=True, exist_ok=True)
-    temporary = where.with_name(f".{where.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as handle:
-        np.save(handle, index, allow_pickle=False)
-    os.replace(temporary, where)
+    save_index(where, np.concatenate([*(r.astype(np.int64) for r in rows), tail]))
 
 
 def _chunks(path: CorpusPath, offset: int = 0) -> Iterator[bytes | bytearray]:

@@ -21,7 +21,12 @@ a row group at a time.
 A remote Parquet file (a URL: :mod:`streampack.corpus.storage`) is opened through a
 file object whose reads are range requests through the node cache: its footer is read
 once, then each row group's column chunks by range (``parquet_pages`` slices the
-file's bytes as a ``storage.RemoteArray``).
+file's bytes as a ``storage.RemoteArray``). Its first whole pass leaves its documents'
+lengths beside the node cache (``DIR/index/KEY.parquet-lengths.npy``, named by the
+object's version): a resume in corpus order then cuts the windows before it from those
+lengths and decodes from the row group holding its first document
+(:meth:`ParquetSource.resume_lengths`), never the groups before. A shuffled resume still
+reads from the start (as JSON Lines': ``streampack.corpus.jsonl``).
 """
 
 from __future__ import annotations
@@ -38,7 +43,14 @@ from streampack.corpus.background import map_in_order, read_ahead
 from streampack.corpus.files import regular_file, usable_cores
 from streampack.corpus.masks import labels_to_mask, mask_spec
 from streampack.corpus.reader import BindingSpec, Block, Record, SingleSource
-from streampack.corpus.storage import CorpusPath, Url, open_binary
+from streampack.corpus.storage import (
+    CorpusPath,
+    Url,
+    index_path,
+    load_index,
+    open_binary,
+    save_index,
+)
 from streampack.errors import InvalidConfig
 
 READ_AHEAD = 1  # decoded row groups queued for the cut, ahead of the one being cut
@@ -135,29 +147,75 @@ class ParquetSource(SingleSource):
         for block in self.blocks():
             yield from block.records(self.location)
 
-    def blocks(self) -> Iterator[Block]:
+    def blocks(self, first: int = 0) -> Iterator[Block]:
         """One block per row group, decoded columnar: the list column's offsets and
         values as NumPy (parquet_pages, or pyarrow zero-copy where it allows, nulls
         from the validity bitmaps), no Python object per document. ``DECODERS`` row
         groups are decoded at once on background threads (both release the GIL), in
         order, at most ``READ_AHEAD`` decoded ones waiting for the cut: memory holds
-        ``DECODERS + READ_AHEAD + 2`` row groups at most (one handed over, one cut)."""
-        return read_ahead(self._decoded(), READ_AHEAD)
+        ``DECODERS + READ_AHEAD + 2`` row groups at most (one handed over, one cut).
 
-    def _decoded(self) -> Iterator[Block]:
-        """The row groups' blocks in order, decoded ``DECODERS`` at a time."""
+        ``first``: from that document on (a resume, see ``resume_lengths``), starting
+        at its row group — the footer's row counts say which — and never reading those
+        before. A whole pass of remote files leaves their documents' lengths."""
+        decoded = read_ahead(self._decoded(first), READ_AHEAD)
+        if first == 0 and all(isinstance(path, Url) for path in self.paths):
+            return self._leaving_lengths(decoded)
+        return decoded
+
+    def _decoded(self, first: int) -> Iterator[Block]:
+        """The row groups' blocks in order from document ``first``'s, decoded
+        ``DECODERS`` at a time; the documents of its group before it left out."""
+        if first >= int(self._group_first[-1]) + self._group_rows[-1]:
+            return
         handles = threading.local()  # each decoding thread opens its own
-        jobs: list[Callable[[], Block]] = []
-        source_id = 0
-        for number, path in enumerate(self.paths):
-            first = len(jobs)
-            for at in range(first, len(self._groups)):
-                file, group = self._groups[at]
-                if file != number:
-                    break
-                jobs.append(self._job(handles, path, group, source_id))
-                source_id += self._group_rows[at]
-        return map_in_order(lambda job: job(), jobs, DECODERS, DECODERS, "streampack-decode")
+        start = int(np.searchsorted(self._group_first, first, side="right")) - 1
+        jobs: list[Callable[[], Block]] = [
+            self._job(handles, self.paths[file], group, int(self._group_first[at]))
+            for at, (file, group) in enumerate(self._groups)
+            if at >= start
+        ]
+        skip = first - int(self._group_first[start])
+        for block in map_in_order(lambda job: job(), jobs, DECODERS, DECODERS, "streampack-decode"):
+            yield block.slice(skip, len(block)) if skip else block
+            skip = 0
+
+    def _file_rows(self) -> list[int]:
+        """Each file's rows (its footer's row groups')."""
+        rows = [0] * len(self.paths)
+        for (file, _), count in zip(self._groups, self._group_rows, strict=True):
+            rows[file] += count
+        return rows
+
+    def _leaving_lengths(self, blocks: Iterator[Block]) -> Iterator[Block]:
+        """``blocks`` (a whole pass), each file's document lengths written once all of
+        its row groups went by (``storage.index_path``: beside the node cache)."""
+        rows = self._file_rows()
+        file, lengths, held = 0, [np.zeros(0, np.int64)], 0
+        for block in blocks:
+            lengths.append(block.lengths.astype(np.int64))
+            held += len(block)
+            yield block
+            while file < len(rows) and held >= rows[file]:
+                joined = np.concatenate(lengths)
+                where = index_path(self.paths[file], "Parquet file", "parquet-lengths")
+                if where is not None:
+                    save_index(where, joined[: rows[file]])
+                lengths, held = [joined[rows[file] :]], held - rows[file]
+                file += 1
+
+    def resume_lengths(self) -> np.ndarray | None:
+        """Every document's length as read (what the window cut sees), from what a
+        whole pass of each remote file left — None unless every file has them: then
+        ``blocks(first)`` starts at any document's row group without reading the
+        groups before (and the windows before it are cut from these lengths)."""
+        out = []
+        for path, count in zip(self.paths, self._file_rows(), strict=True):
+            lengths = load_index(index_path(path, "Parquet file", "parquet-lengths"))
+            if lengths is None or lengths.shape != (count,) or lengths.dtype != np.int64:
+                return None
+            out.append(lengths)
+        return np.concatenate(out)
 
     def _job(
         self, handles: threading.local, path: CorpusPath, group: int, first: int

@@ -22,10 +22,13 @@ computed by the merge, once: a part reads only its own share of the input.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import re
 from collections.abc import Iterator
 from typing import IO, Any
+
+import numpy as np
 
 from streampack.corpus.files import file_sha256
 from streampack.corpus.manifest import MANIFEST_FORMAT, MANIFEST_VERSION
@@ -147,6 +150,25 @@ def _read_record(out: Output, part: Part) -> dict[str, Any] | None:
     return data
 
 
+def _write_merged(out: Output, parts: list[Part], manifest: dict[str, Any]) -> None:
+    """The manifest, after the document table joined from the parts' rows (the rows a
+    single build writes, byte for byte); without a table when a part has no rows (built
+    by an older streampack)."""
+    from streampack.corpus.tables import ROWS_NAME, RowSpool, write_manifest
+
+    folders = [out.child(part.folder) for part in parts]
+    if not all(folder.exists(ROWS_NAME) for folder in folders):
+        out.put_bytes("manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+        return
+    spool = RowSpool()
+    try:
+        for folder in folders:
+            spool.add(np.load(io.BytesIO(folder.read(ROWS_NAME, "part's document table"))))
+        write_manifest(out, manifest, spool)
+    finally:
+        spool.close()
+
+
 def merge_parts(out_path: str | CorpusPath, count: int, storage: Any = None) -> dict[str, Any]:
     """Write ``manifest.json`` over the ``count`` parts under ``out_path``; the merged
     corpus's figures, as ``corpus build`` reports them."""
@@ -197,7 +219,7 @@ def merge_parts(out_path: str | CorpusPath, count: int, storage: Any = None) -> 
     }
     if first["masked"]:
         manifest["mask"] = True
-    out.put_bytes("manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    _write_merged(out, parts, manifest)
     return {
         "out": str(out),
         "parts": count,

@@ -178,15 +178,18 @@ def inside_url(root: Url, name: str, what: str, *, allow_outside: bool) -> Url:
 
 @dataclasses.dataclass
 class StoreCounters:
-    """What one store did, for ``health`` and ``/metrics``."""
+    """What one store did in this process, for ``health`` and ``/metrics``
+    (:func:`storage_stats`). Counted here, below every reader, so any process that
+    reads a corpus (the producer, a worker) has them."""
 
-    requests: int = 0
-    bytes: int = 0
+    requests: int = 0  # attempts (a retry is one more)
+    bytes: int = 0  # fetched from the store
     retries: int = 0
-    throttles: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    cache_evictions: int = 0
+    throttles: int = 0  # of the retries, those the store asked for (429, 503 SlowDown)
+    cache_hits: int = 0  # blocks a read found in the node cache
+    cache_misses: int = 0  # blocks a read had to fetch (or wait for another fetcher)
+    cache_evictions: int = 0  # blocks this process removed to keep the cache bound
+    prefetch_ahead_bytes: int = 0  # gauge: fetched ahead of the cursor, not read yet
     longest_wait: float = 0.0  # seconds one read waited for the store, at most
 
 
@@ -209,6 +212,20 @@ def stores() -> list[Store]:
         return list(_STORES.values())
 
 
+def storage_stats() -> dict[str, dict[str, float]]:
+    """Every store's counters of this process, summed by scheme (``{"s3": {...}}``;
+    ``longest_wait`` the longest of them): what ``health``'s ``storage`` and the
+    ``streampack_storage_*`` metrics report. Local files are memory maps, not counted."""
+    out: dict[str, dict[str, float]] = {}
+    for store in stores():
+        with store._lock:
+            counted = dataclasses.asdict(store.counters)
+        into = out.setdefault(store.scheme, dict.fromkeys(counted, 0))
+        for name, value in counted.items():
+            into[name] = max(into[name], value) if name == "longest_wait" else into[name] + value
+    return out
+
+
 def _backend_options(scheme: str, options: StorageOptions) -> dict[str, Any]:
     """What fsspec's backend for ``scheme`` takes for ``options``."""
     if scheme in ("s3", "s3a"):
@@ -220,8 +237,9 @@ def _backend_options(scheme: str, options: StorageOptions) -> dict[str, Any]:
             "endpoint_url": options.endpoint_url,
             "client_kwargs": client,
             # One attempt inside botocore: the retries (and their counting) are ours.
+            # (Its ``max_attempts`` counts retries, not attempts: 1 was one more, unseen.)
             "config_kwargs": {
-                "retries": {"max_attempts": 1, "mode": "standard"},
+                "retries": {"total_max_attempts": 1, "mode": "standard"},
                 "connect_timeout": 5,
                 "read_timeout": 30,
                 # A connection for each range request in flight (``max_requests``, and a
@@ -277,16 +295,24 @@ def _filesystem(scheme: str, options: StorageOptions) -> Any:
 
 
 def _status(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries, where it says one."""
+    """The HTTP status an exception carries, where it says one: its own, or the
+    store's answer it was raised from (s3fs raises an ``OSError`` from botocore's
+    error, which holds the answer). Not a cause's other numbers: aiohttp's error for
+    a body cut short carries the code 400, which no store answered."""
     for name in ("status", "status_code", "code"):
         value = getattr(exc, name, None)
         if isinstance(value, int) and 100 <= value < 600:
             return value
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(value, int):
-            return value
+    cause: BaseException | None = exc
+    for _ in range(4):
+        if cause is None:
+            break
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict):
+            value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(value, int):
+                return value
+        cause = cause.__cause__
     return None
 
 
@@ -666,6 +692,37 @@ class RemoteArray:
 def remote(path: CorpusPath, what: str) -> RemoteFile | None:
     """The remote file at ``path`` (its size and ETag pinned), or None for a local path."""
     return RemoteFile(path, what) if isinstance(path, Url) else None
+
+
+def index_path(path: CorpusPath, what: str, kind: str) -> Path | None:
+    """Where a reader keeps what a whole pass of a remote file taught it (a JSON Lines
+    line index, a Parquet file's document lengths): ``DIR/index/KEY.KIND.npy`` beside
+    the node cache's blocks, named by the object's version (URL, ETag, size) and never
+    evicted with them; None for a local path."""
+    if not isinstance(path, Url):
+        return None
+    file = RemoteFile(path, what)
+    return file.store.cache.root / "index" / f"{file.key}.{kind}.npy"
+
+
+def save_index(where: Path, index: np.ndarray) -> None:
+    """``index`` written to ``where`` atomically (a reader sees all of it or none)."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    temporary = where.with_name(f".{where.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(temporary, "wb") as handle:
+        np.save(handle, index, allow_pickle=False)
+    os.replace(temporary, where)
+
+
+def load_index(where: Path | None) -> np.ndarray | None:
+    """The array ``save_index`` wrote at ``where``; None when there is none (or it
+    cannot be read)."""
+    if where is None:
+        return None
+    try:
+        return np.load(where, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
 
 
 def exists(path: CorpusPath) -> bool:

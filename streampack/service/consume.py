@@ -209,6 +209,7 @@ def main(args: argparse.Namespace) -> int:
         cpu_started = time.process_time()
         last = _receive(stream, args, digest, records, started, lambda: stopping)
         state = stream.state_dict()
+        verify_seconds = stream.metrics()["verify_seconds"]
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
     _write_outputs(args, state, last, records)
@@ -219,6 +220,7 @@ def main(args: argparse.Namespace) -> int:
                 "seconds": round(seconds, 3),
                 "tokens_per_second": round(digest.tokens / seconds, 1) if seconds else 0.0,
                 "cpu_seconds": round(cpu_seconds, 3),
+                "verify_seconds": round(verify_seconds, 3),
                 "digest": digest.hexdigest() if args.digest else "",
             }
         ),

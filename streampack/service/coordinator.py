@@ -42,6 +42,7 @@ from typing import IO, Any
 
 from .. import wire
 from ..batch import OCCURRENCE_DTYPE, CompactBatch
+from ..corpus.storage import storage_stats
 from ..errors import ProtocolError
 from ..settings import ProducerSettings
 from ..windows import CutSpec
@@ -560,5 +561,6 @@ class Coordinator:
                 "window_bytes": self.pipeline.window_bytes,
                 "reorder_bytes": self.reorder_bytes,
                 "epoch": self.pipeline.asm_epoch,
+                "storage": storage_stats(),  # remote corpus reads, by scheme
             }
         )

@@ -77,6 +77,7 @@ from ..errors import ProtocolError
 from ..loss import step_range
 from .counters import ProducerCounters
 from .pipeline import Assembled
+from .planned import PlannedBatch
 from .steps import StepTargets
 
 Key = tuple[int, int]  # (epoch, global batch index)
@@ -110,7 +111,7 @@ def rank_share(total: int, world_size: int, tail: str) -> int:
 
 @dataclasses.dataclass
 class ReadyBatch:
-    batch: CompactBatch
+    batch: PlannedBatch
     window: int
     number: int
 
@@ -400,9 +401,9 @@ class Delivery:
             "filler": False,
             "binding": self.binding_wire,
         } | wire.batch_shape(entry.batch)
-        arrays = wire.batch_arrays(entry.batch)
         endpoint = None if self.route is None else self.route(key[0], entry.window)
         routed: dict[str, Any] | None = None
+        arrays: dict[str, Any] | None = None  # gathered only for a consumer it goes to
         delivered = False
         delivered_to: int | None = None  # the rank of the first consumer that took it
         for identity in identities:
@@ -412,11 +413,13 @@ class Delivery:
             fields["step_targets"] = self._step_targets(key, consumer)
             rerouted = key in consumer.direct
             if endpoint is not None and not rerouted:
-                if routed is None:  # hashed once, from the producer's own copy
-                    digest = wire.batch_digest(arrays).hex()
+                if routed is None:  # from the producer's window, nothing gathered
+                    digest = entry.batch.route_digest().hex()
                     routed = {"endpoint": endpoint, "digest": digest}
                 sent = self.send(identity, "route", fields | routed, None)
             else:
+                if arrays is None:
+                    arrays = wire.batch_arrays(entry.batch.compact())
                 sent = self.send(identity, "batch", fields, arrays)
             if sent:
                 consumer.direct.discard(key)
@@ -437,9 +440,10 @@ class Delivery:
             if delivered_to is not None:
                 self._count_served(entry.batch, delivered_to)
 
-    def _count_served(self, batch: CompactBatch, rank: int) -> None:
+    def _count_served(self, batch: PlannedBatch, rank: int) -> None:
         """Count a batch once, however many consumers took it: in total, for the rank
-        it was first delivered to, and by the mixture source of each occurrence."""
+        it was first delivered to, and by the mixture source of each occurrence (from
+        its records and the window's columns: what the rank reads, nothing gathered)."""
         occurrences = batch.occurrences
         pairs = (occurrences["stop"] - occurrences["start"]).astype(np.int64)
         supervised = batch.supervised_targets_by_occurrence()

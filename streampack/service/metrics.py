@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..corpus.storage import storage_stats
 from ..errors import InvalidConfig
 from ..windows import REASONS as SCREEN_REASONS
 
@@ -185,6 +186,52 @@ WORKER_COUNTERS: dict[str, tuple[str, str]] = {
     ),
 }
 
+# ``storage_stats()`` key -> (metric name, type, help), labelled by ``scheme``: the
+# remote corpus reads of the process that serves them (producer or worker).
+STORAGE_METRICS: dict[str, tuple[str, str, str]] = {
+    "requests": (
+        "streampack_storage_requests_total",
+        "counter",
+        "Requests to corpus stores (attempts: a retry is one more), by scheme",
+    ),
+    "bytes": ("streampack_storage_bytes_total", "counter", "Bytes fetched from corpus stores"),
+    "retries": (
+        "streampack_storage_retries_total",
+        "counter",
+        "Store requests retried (throttling, 5xx, dropped connections, timeouts)",
+    ),
+    "throttles": (
+        "streampack_storage_throttles_total",
+        "counter",
+        "Of those retries, the ones the store asked for (429, 503 SlowDown)",
+    ),
+    "cache_hits": (
+        "streampack_storage_cache_hits_total",
+        "counter",
+        "Blocks a read found in the node-local cache",
+    ),
+    "cache_misses": (
+        "streampack_storage_cache_misses_total",
+        "counter",
+        "Blocks a read had to fetch (or wait for another process fetching them)",
+    ),
+    "cache_evictions": (
+        "streampack_storage_cache_evictions_total",
+        "counter",
+        "Blocks removed from the node-local cache to keep corpus_cache_bytes",
+    ),
+    "prefetch_ahead_bytes": (
+        "streampack_storage_prefetch_ahead_bytes",
+        "gauge",
+        "Bytes fetched ahead of the read cursor and not read yet (the prefetch depth)",
+    ),
+    "longest_wait": (
+        "streampack_storage_longest_wait_seconds",
+        "gauge",
+        "Longest a read waited for the store (retries included) since the start",
+    ),
+}
+
 #: Every metric exported by this module: name -> (type, help). Counters are listed with
 #: their ``_total`` sample name, histograms with their base name.
 METRICS: dict[str, tuple[str, str]] = {
@@ -233,6 +280,7 @@ METRICS: dict[str, tuple[str, str]] = {
     ),
     **{f"{name}_total": ("counter", text) for name, text in WORKER_COUNTERS.values()},
     "streampack_worker_pack_seconds": ("histogram", "Seconds this worker took per window"),
+    **{name: (kind, text) for name, kind, text in STORAGE_METRICS.values()},
 }
 
 
@@ -353,6 +401,31 @@ class WorkerCollector(Collector):
             yield CounterMetricFamily(name, text, value=counters.get(key, 0))
 
 
+class StorageCollector(Collector):
+    """The remote corpus reads of this process (``storage_stats()``, or ``read``), by
+    scheme, read at every scrape: the producer's and a worker's registry hold one."""
+
+    def __init__(
+        self, read: Callable[[], Mapping[str, Mapping[str, float]]] = storage_stats
+    ) -> None:
+        self.read = read
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        by_scheme = self.read()
+        for key, (name, kind, text) in STORAGE_METRICS.items():
+            family: Metric
+            if kind == "counter":
+                family = CounterMetricFamily(name.removesuffix("_total"), text, labels=["scheme"])
+            else:
+                family = GaugeMetricFamily(name, text, labels=["scheme"])
+            for scheme, stats in sorted(by_scheme.items()):
+                family.add_metric([scheme], stats[key])
+            yield family
+
+
 def pack_histogram(name: str, registry: CollectorRegistry) -> Histogram:
     """A latency histogram (seconds) registered in ``registry``."""
     return Histogram(name, METRICS[name][1], buckets=LATENCY_BUCKETS, registry=registry)
@@ -382,6 +455,7 @@ class ProducerMetrics:
                 reorder_budget_bytes=reorder_budget_bytes,
             )
         )
+        self.registry.register(StorageCollector())
         self.pack_seconds = pack_histogram("streampack_window_pack_seconds", self.registry)
         self.serve_seconds = pack_histogram("streampack_serve_seconds", self.registry)
 
@@ -399,6 +473,7 @@ class WorkerMetrics:
     def __init__(self, counters: Mapping[str, int]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(WorkerCollector(counters))
+        self.registry.register(StorageCollector())
         self.pack_seconds = pack_histogram("streampack_worker_pack_seconds", self.registry)
 
     def observe_pack(self, seconds: float) -> None:

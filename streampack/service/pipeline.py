@@ -7,8 +7,8 @@ For epoch ``e`` (windows numbered 0, 1, ... by ``sources.iter_windows``)::
        │ its contract plan computed at once (plan_check.contract_plan): a window the
        │ contract cannot pack, or with no document left, never goes to a worker
        ▼
-    a worker answers with exactly that plan ──▶ the window's batches (tokens from
-       │ the producer's own copy of the window)
+    a worker answers with exactly that plan ──▶ the window's batches (their plans
+       │ over the producer's own copy of the window: planned.py, nothing gathered)
        ▼
     assemble in window order: global index g = batches of windows < w + batch number
        ──▶ Assembled(e, g, batch, w, b) events for the delivery part
@@ -58,12 +58,12 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..batch import CompactBatch
 from ..config import PackConfig
 from ..examples import Binding
 from ..windows import CutSpec, Window, iter_windows
 from .counters import ProducerCounters
-from .plan_check import ContractPlan, contract_plan, plan_batches
+from .plan_check import ContractPlan, contract_plan
+from .planned import PlannedBatch, plan_batches
 from .registry import MAX_LOSSES
 
 WindowKey = tuple[int, int]
@@ -91,7 +91,7 @@ class WindowState:
     backups: set[bytes] = dataclasses.field(default_factory=set)
     last_holder: bytes | None = None  # reissues prefer another worker
     losses: int = 0  # proven workers that died, failed or overran while packing it
-    batches: list[CompactBatch] | None = None  # once answered (or known empty)
+    batches: list[PlannedBatch] | None = None  # once answered (or known empty)
     batch_bytes: int = 0
 
     @property
@@ -110,7 +110,7 @@ class Assembled:
 
     epoch: int
     index: int
-    batch: CompactBatch
+    batch: PlannedBatch
     window: int
     number: int
 

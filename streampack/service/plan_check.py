@@ -10,8 +10,8 @@ differs in any way (not next-fit, a rewritten ``source`` column, a shifted ordin
 changed range) is refused; the stream a trainer receives can therefore only be the one
 ``streampack digest`` computes.
 
-The batches are built from the producer's own plan and its own copy of the window's
-tokens, never from anything a worker sent.
+The batches are built from the producer's own plan and its own copy of the window
+(``planned.py``), never from anything a worker sent.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..batch import CompactBatch
 from ..config import PackConfig
-from ..errors import InternalError, ProtocolError, StreampackError
-from ..examples import Binding
+from ..errors import ProtocolError, StreampackError
 from ..packing import plan_ranges
 from ..windows import Window
 
@@ -104,40 +102,3 @@ def check_plan(
         names = expected.occurrences.dtype.names or ()
         differ = [n for n in names if not np.array_equal(occurrences[n], expected.occurrences[n])]
         raise refuse(f"occurrence records differ from the contract's plan in {differ}")
-
-
-def plan_batches(
-    window: Window,
-    plan: ContractPlan,
-    binding: Binding,
-    capacity: int,
-    max_rows_per_batch: int,
-    policy: str = "next_fit",
-) -> list[CompactBatch]:
-    """The compact batches of the contract's plan, tokens (and their supervision mask)
-    taken from ``window`` by the records' ordinals (best-fit's are not consecutive: a
-    later document may sit in an earlier row)."""
-    batches = []
-    ends = np.cumsum(plan.sizes)
-    for first, last in zip((ends - plan.sizes).tolist(), ends.tolist()):
-        occurrences = plan.occurrences[first:last]
-        rows = int(occurrences["row"][-1]) + 1
-        if rows > max_rows_per_batch:
-            raise InternalError(
-                f"plan_ranges placed {rows} rows in one batch of window "
-                f"{(window.epoch, window.index)}; max_rows_per_batch is "
-                f"{max_rows_per_batch}"
-            )
-        ordinals = occurrences["ordinal"]
-        batches.append(
-            CompactBatch(
-                tokens=window.batch_tokens(ordinals),
-                mask=window.batch_mask(ordinals),
-                occurrences=occurrences,
-                rows=rows,
-                capacity=capacity,
-                binding=binding,
-                policy=policy,
-            )
-        )
-    return batches

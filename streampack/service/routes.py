@@ -3,10 +3,11 @@
 A worker that serves announces its consumer endpoint (``serving``). When the producer
 accepts a worker's plan of a window that it sent with its tokens, that worker holds the
 window's batches (``service/store.py``), so each of them can go to its consumer as a
-*route* — the endpoint, and the SHA-256 the producer computes from its own copy —
-instead of with its tokens. The producer still builds and checks every batch itself
-(the plan check, ``CompactBatch.checked``): the digest is what lets the consumer trust
-bytes that came from a worker, since the worker cannot make other bytes hash to it.
+*route* — the endpoint, and the route digest the producer computes from its own
+window without gathering the batch (``service/planned.py``, ``wire.route_digest``) —
+instead of with its tokens. The plan check is the producer's; the digest is what lets
+the consumer trust bytes that came from a worker, since the worker cannot make other
+bytes hash to it.
 
 Bounds: at most ``MAX_ENDPOINTS`` announced endpoints (past that the oldest is
 forgotten: its windows' batches then go with their tokens) and ``MAX_WINDOWS`` routed

@@ -25,7 +25,7 @@ it binds a ROUTER there, announces the endpoint (``serving``, before its first
 ``ready``), keeps the compact batches of every window it receives with tokens in a
 bounded ``BatchStore`` (``store_bytes``, ``store_seconds``) and answers ``get`` with
 ``part`` (the batch's frames, dropped from the store) or ``missing``. A consumer checks
-what it gets against the producer's digest of the batch, so a worker serves what it
+what it gets against the producer's route digest of the batch, so a worker serves what it
 likes at no risk to the stream; without ``serve_endpoint`` nothing of this runs.
 
 Warming up before announcing credit keeps the first window's compile time from

@@ -22,6 +22,7 @@ from test_corpus_build_sft import PAIRS, read_masked
 from streampack.cli import main as cli_main
 from streampack.corpus.build import build_corpus
 from streampack.corpus.parts import Part, jsonl_lines, merge_parts
+from streampack.corpus.tables import ROWS_NAME, open_table
 from streampack.errors import InvalidConfig
 from streampack.settings import StorageOptions
 
@@ -114,6 +115,10 @@ def test_parts_merged_are_the_single_build(tmp_path, capsys, case, count):
     else:
         assert read_documents(tmp_path / "parts") == read_documents(tmp_path / "whole")
     assert _digest(capsys, str(tmp_path / "parts")) == _digest(capsys, str(tmp_path / "whole"))
+    # The document table: the same rows, byte for byte, each valid for its corpus.
+    rows = [(tmp_path / kind / ROWS_NAME).read_bytes() for kind in ("parts", "whole")]
+    assert rows[0] == rows[1]
+    assert len(open_table(tmp_path / "parts")) == whole.documents
     if count > 1:  # each part built its own share, not everything
         records = sorted((tmp_path / "parts").glob("part-*/part.json"))
         shares = [json.loads(p.read_text())["documents"] for p in records]

@@ -23,6 +23,7 @@ import pytest
 from _chat import CONVERSATIONS, make_tokenizer_dir
 
 from streampack.corpus.build import build_corpus
+from streampack.corpus.tables import HEADER_NAME, ROWS_NAME, TABLE_KEY, open_table
 
 RECORDS = 2100
 WORDS = "the capital of France is Paris lovely in spring and Rome autumn two plus Four".split()
@@ -110,7 +111,8 @@ CASES = {
         {"fmt": "messages", "train_on": "all", "shard_tokens": 20000},
     ),
 }
-# sha256 over every file but the manifest (name and bytes, names in order).
+# sha256 over every file but the manifest and the document table (name and bytes, names in
+# order): the shards as the sequential build wrote them.
 PINS = {
     "messages": "581a604b22ef616100e2d78c4bcf26c2d02ca2755547156e5d78c438ebc0146f",
     "messages-all": "6c558f76821a9213d0cd292df2746ade5a7a803ddd994e1b0c51d83abdca863f",
@@ -209,7 +211,7 @@ TOKENIZER_FILES = {
 def files_digest(out: Path) -> str:
     h = hashlib.sha256()
     for path in sorted(out.iterdir()):
-        if path.name != "manifest.json":
+        if path.name not in ("manifest.json", HEADER_NAME, ROWS_NAME):
             h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
@@ -256,5 +258,8 @@ def test_build_writes_the_pinned_files(tmp_path, tokenizer_dir, case, caplog):
         "binding": report.binding,
         "shards": names,
         **({"mask": True} if "fmt" in options else {}),
+        TABLE_KEY: HEADER_NAME,
     }
+    table = open_table(tmp_path / "out")
+    assert table is not None and len(table) == report.documents
     assert (tmp_path / "out" / "manifest.json").read_text() == json.dumps(manifest, indent=1) + "\n"

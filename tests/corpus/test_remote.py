@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ from _formats import (
     write_jsonl,
     write_shards,
 )
-from _object_store import SECRET_KEY, ObjectStore, serving, weed_binary
+from _object_store import SECRET_KEY, ObjectStore, serving, settled_bytes, weed_binary
 
 from streampack.cli import main as cli_main
 from streampack.corpus import open_corpus
@@ -147,7 +146,7 @@ def test_a_remote_arrow_file_is_read_by_range_digest_for_digest(store, tmp_path,
     counters = Url(url, options).store.counters
     next(iter_windows(source, 0, SMALL_WINDOWS))
     size = (local / "docs.arrow").stat().st_size
-    assert _settled(counters) < size / 4, (counters.bytes, size)
+    assert settled_bytes(counters) < size / 4, (counters.bytes, size)
     before = counters.requests
     open_corpus(url, storage=options)
     assert counters.requests - before <= 1  # the manifest, looked up afresh; the index kept
@@ -412,17 +411,6 @@ def test_a_cache_a_tenth_of_the_corpus_gives_the_exact_stream_on_bounded_disk(
     assert used <= limit * 1.1 + 4000 * 2 * 2  # + one window's blocks in progress
 
 
-def _settled(counters, quiet: float = 0.3, limit: float = 15.0) -> int:
-    """The bytes fetched once the background fetches stop (none for ``quiet`` s)."""
-    deadline = time.monotonic() + limit
-    seen, since = counters.bytes, time.monotonic()
-    while time.monotonic() < deadline and time.monotonic() - since < quiet:
-        time.sleep(0.02)
-        if counters.bytes != seen:
-            seen, since = counters.bytes, time.monotonic()
-    return seen
-
-
 SMALL_WINDOWS = CutSpec(capacity=64, window_documents=64, window_tokens=2000)
 
 
@@ -441,7 +429,7 @@ def test_the_cut_fetches_the_next_windows_ahead_within_the_prefetch_budget(store
     opened = counters.bytes
     windows = iter_windows(source, 0, SMALL_WINDOWS)
     first = next(windows)
-    ahead = _settled(counters) - opened
+    ahead = settled_bytes(counters) - opened
     # Window 0 is at most two blocks (2000 uint16 tokens); the budget eight more, and
     # the window that passes it at most two.
     assert 4 * block <= ahead <= 12 * block, ahead
@@ -450,7 +438,7 @@ def test_the_cut_fetches_the_next_windows_ahead_within_the_prefetch_budget(store
     assert len(got) == len(expected) > 20
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
     tokens = (local / f"{_entry(local, 'shards')[0]}.tokens.npy").stat().st_size
-    assert _settled(counters) - opened <= tokens  # every block once
+    assert settled_bytes(counters) - opened <= tokens  # every block once
     assert counters.cache_hits > counters.cache_misses  # the reads found them fetched
 
 
@@ -488,7 +476,7 @@ def test_a_cache_smaller_than_the_corpus_fetches_what_the_known_order_bounds(
             strict=True,
         ):
             assert np.array_equal(a.tokens, b.tokens)
-    fetched = _settled(counters) - opened
+    fetched = settled_bytes(counters) - opened
     assert size < fetched <= most * size + 2 * block, (fetched, size)
     assert counters.cache_evictions > 0
     used = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
@@ -520,11 +508,11 @@ def test_a_json_lines_resume_reads_from_its_line_index_not_the_start(store, tmp_
     assert list((tmp_path / "cache" / "index").glob("*.jsonl-index.npy"))
     late = len(whole) - 3
     counters = Url(url, options).store.counters
-    before = _settled(counters)
+    before = settled_bytes(counters)
     resumed = list(
         iter_windows(open_corpus(url, storage=options), 0, SMALL_WINDOWS, start_window=late)
     )
-    fetched = _settled(counters) - before
+    fetched = settled_bytes(counters) - before
     expected = list(iter_windows(open_corpus(local), 0, SMALL_WINDOWS, start_window=late))
     assert [w.index for w in resumed] == [w.index for w in expected] == list(range(late, late + 3))
     for a, b in zip(resumed, expected, strict=True):

@@ -66,7 +66,11 @@ def test_the_package_and_its_errors_load_nothing_heavy(statement):
     assert not _heavy(loaded)
 
 
-@pytest.mark.parametrize("module", ["streampack.client", "streampack.wire", "streampack.settings"])
+# (streampack.digests too: the consumer checks tokens with it; its kernel loads on first use.)
+@pytest.mark.parametrize(
+    "module",
+    ["streampack.client", "streampack.wire", "streampack.settings", "streampack.digests"],
+)
 def test_the_client_side_loads_no_numba_decoder_audit_packer_or_service(module):
     loaded = _loaded_after(f"import {module}")
     assert not _heavy(loaded)

@@ -1,8 +1,8 @@
 """The data plane (``data_plane = "workers"``) end to end: real processes, real sockets.
 
 The worker whose plan of a window the producer accepted serves the window's batches;
-the producer sends each consumer a route (endpoint + SHA-256 of its own copy) and the
-consumer fetches the batch there, checks it before it is yielded, and takes it from
+the producer sends each consumer a route (endpoint + the route digest, from its own
+window) and the consumer fetches the batch there, checks it before it is yielded, and takes it from
 the producer whenever the worker fails it. Whatever the workers do, the stream is the
 ``streampack digest`` stream, byte for byte.
 """
@@ -49,6 +49,14 @@ def test_the_stream_through_the_workers_is_the_digest_stream(workers, reference)
     assert stats["batches_routed"] == stats["batches_served"] > 0
     # The producer sent routes, not tokens: well under a byte per real token.
     assert stats["bytes_sent_to_consumers"] < stats["tokens_served"]
+    # It counted from its plans, not from gathered batches: exactly what the ranks read.
+    for rank, items in received.items():
+        assert stats["tokens_served_by_rank"][str(rank)] == sum(
+            int(batch.target_valid.sum()) for _, batch in items
+        )
+        assert stats["supervised_targets_served_by_rank"][str(rank)] == sum(
+            int(batch.loss_mask.sum()) for _, batch in items
+        )
 
 
 def serving_peer(service: Service, mode: str) -> subprocess.Popen:
@@ -85,12 +93,15 @@ def read_all(endpoint: str, **kwargs) -> tuple[list, dict, float]:
         return got, stream.metrics(), longest
 
 
-def test_a_worker_that_alters_a_token_is_caught_before_the_batch_is_yielded(one_rank):
-    """Its plans pass (they are the contract's); the batch it serves has one token
-    changed. The consumer's digest check refuses it, the producer sends the batch and
-    stops routing to that worker: the stream is exact."""
+@pytest.mark.parametrize("mode", ["tamper", "drop", "repeat", "reorder", "other"])
+def test_a_worker_that_serves_a_wrong_batch_is_caught_before_the_batch_is_yielded(mode, one_rank):
+    """Its plans pass (they are the contract's); the batches it serves have a token
+    changed, their last document dropped or repeated, their first two documents'
+    tokens swapped, or are another window's batch (``_serving_peer``). The consumer's
+    digest check refuses the first such batch, the producer sends it and stops routing
+    to that worker: the stream is exact."""
     with Service(FIXTURE, epochs=2, data_plane="workers") as service:
-        serving_peer(service, "tamper")
+        serving_peer(service, mode)
         got, metrics, _ = read_all(service.consumer_endpoint)
         stats = service.stats()
     assert got == one_rank["list"]

@@ -36,8 +36,10 @@ from streampack.render import load_batch
 from streampack.service.metrics import (
     METRICS,
     QUARANTINE_REASONS,
+    STORAGE_METRICS,
     MetricsServer,
     ProducerMetrics,
+    StorageCollector,
     WorkerMetrics,
 )
 from streampack.service.producer import Producer
@@ -134,8 +136,10 @@ def test_the_collector_reads_the_producers_counters_at_scrape_time():
         samples(generate_latest(worker.registry).decode())
     )
     assert names - set(METRICS) == set()
-    # Counted once reported:
-    assert set(METRICS) - names <= {"streampack_pack_seconds_total"}
+    # Counted once reported; the storage metrics once a remote corpus is read (their
+    # label is its scheme: tests/corpus/test_remote_metrics.py).
+    storage = {name for name, _, _ in STORAGE_METRICS.values()}
+    assert set(METRICS) - names <= {"streampack_pack_seconds_total"} | storage
 
 
 def test_a_port_that_cannot_be_used_is_one_clear_error():
@@ -307,11 +311,14 @@ def all_exported_names() -> set[str]:
                     "batches_from_workers",
                     "batches_rerouted",
                     "worker_batches_refused",
+                    "verify_seconds",
                 ),
                 0,
             ) | {"rank": 0}
 
     registries[2].register(ClientCollector(Stream()))
+    zero = dict.fromkeys(STORAGE_METRICS, 0)
+    registries[2].register(StorageCollector(lambda: {"s3": zero}))
     names = set()
     for registry in registries:
         names |= exported_names(samples(generate_latest(registry).decode()))

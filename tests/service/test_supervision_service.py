@@ -29,7 +29,8 @@ from _service import (
 
 from streampack import Examples, PackConfig, pack_examples, wire
 from streampack.corpus import open_corpus
-from streampack.service.plan_check import contract_plan, plan_batches
+from streampack.service.plan_check import contract_plan
+from streampack.service.planned import plan_batches
 from streampack.windows import CutSpec, Window, iter_windows
 from streampack.wire import window_examples
 
@@ -72,7 +73,8 @@ def test_the_producers_batches_carry_the_windows_mask_as_digest_packs_it(whole, 
         open_rows=4 if policy == "best_fit" else None,
     )
     plan = contract_plan(window, config)
-    compact = plan_batches(window, plan, BINDING, 64, 2, policy)
+    planned = plan_batches(window, plan, BINDING, 64, 2, policy)
+    compact = [p.compact() for p in planned]
     # The oracle: what ``streampack digest`` packs from the same window.
     want = pack_examples(window_examples(window.arrays()), BINDING, config).batches
     plain = pack_examples(
@@ -86,6 +88,13 @@ def test_the_producers_batches_carry_the_windows_mask_as_digest_packs_it(whole, 
         assert c.supervised_targets == int(w.loss_mask.sum()) < int(w.target_valid.sum())
         each = [int(w.loss_mask[o["row"], o["start"] : o["stop"]].sum()) for o in w.occurrences]
         assert c.supervised_targets_by_occurrence().tolist() == each
+    # What the producer counts and routes without gathering: the same as from the batch
+    for p, c in zip(planned, compact):
+        assert p.supervised_targets_by_occurrence().tolist() == (
+            c.supervised_targets_by_occurrence().tolist()
+        )
+        assert p.supervised_targets == c.supervised_targets and p.nbytes == c.nbytes
+        assert p.route_digest() == wire.frames_digest(wire.batch_arrays(c))
 
 
 def test_an_unmasked_corpus_streams_exactly_as_before_masks_existed():

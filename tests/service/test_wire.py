@@ -22,6 +22,7 @@ from streampack import (
     pack_examples,
     wire,
 )
+from streampack.digests import range_digests
 
 BINDING = Binding(vocab_size=266, tokenizer="fixture", split_receipt="r1", partition="train")
 
@@ -45,7 +46,7 @@ def test_ready_header_bytes_are_pinned():
     assert header == bytes.fromhex(
         "85"
         "a176"
-        "09"
+        "0a"
         "a16b"
         "a5" + b"ready".hex() + "a6" + b"credit".hex() + "02"
         "ac" + b"needs_tokens".hex() + "c2"
@@ -60,44 +61,82 @@ def test_fetch_header_bytes_are_pinned():
         "fetch", {"rank": 1, "world_size": 2, "epoch": 0, "index": 3, "count": 4, "base": 0}
     )
     expected = (
-        b"\x89\xa1v\x09\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
+        b"\x89\xa1v\x0a\xa1k\xa5fetch\xa4rank\x01\xaaworld_size\x02"
         b"\xa5epoch\x00\xa5index\x03\xa5count\x04\xa4base\x00\xa1f\x90"
     )
     assert header == expected
 
 
 def test_data_plane_headers_are_pinned():
-    """Version 9: a worker's ``serving`` announcement and a consumer's ``get``."""
+    """Version 9: a worker's ``serving`` announcement and a consumer's ``get`` (version
+    10 bytes)."""
     assert wire.encode_header("serving", {"endpoint": "tcp://127.0.0.1:7000"}) == (
-        b"\x84\xa1v\x09\xa1k\xa7serving\xa8endpoint\xb4tcp://127.0.0.1:7000\xa1f\x90"
+        b"\x84\xa1v\x0a\xa1k\xa7serving\xa8endpoint\xb4tcp://127.0.0.1:7000\xa1f\x90"
     )
     assert wire.encode_header("get", {"epoch": 1, "window": 2, "batch": 3}) == (
-        b"\x86\xa1v\x09\xa1k\xa3get\xa5epoch\x01\xa6window\x02\xa5batch\x03\xa1f\x90"
+        b"\x86\xa1v\x0a\xa1k\xa3get\xa5epoch\x01\xa6window\x02\xa5batch\x03\xa1f\x90"
+    )
+    # version 10: a route's digest is the route digest (wire.route_digest), 64 hex digits
+    binding = {"vocab_size": 266, "tokenizer": "t", "split_receipt": "r", "partition": "train"}
+    route = {
+        "epoch": 0,
+        "index": 1,
+        "window": 0,
+        "batch": 1,
+        "filler": False,
+        "step_targets": -1,
+        "binding": binding,
+        "rows": 2,
+        "capacity": 6,
+        "policy": "next_fit",
+        "endpoint": "tcp://127.0.0.1:7000",
+        "digest": "ab" * 32,
+    }
+    assert wire.encode_header("route", route) == (
+        b"\x8f\xa1v\x0a\xa1k\xa5route\xa5epoch\x00\xa5index\x01\xa6window\x00\xa5batch\x01"
+        b"\xa6filler\xc2\xacstep_targets\xff\xa7binding\x84\xaavocab_size\xcd\x01\x0a"
+        b"\xa9tokenizer\xa1t\xadsplit_receipt\xa1r\xa9partition\xa5train\xa4rows\x02"
+        b"\xa8capacity\x06\xa6policy\xa8next_fit\xa8endpoint\xb4tcp://127.0.0.1:7000"
+        b"\xa6digest\xd9\x40" + b"ab" * 32 + b"\xa1f\x90"
     )
 
 
-def test_batch_digest_is_sha256_of_the_frames_as_they_travel():
-    """The digest a route carries: the same for a batch and the frames a worker serves
-    of it (a part message decoded), different for one token changed, and pinned."""
+def test_route_digest_covers_the_records_and_each_ranges_content_and_is_pinned():
+    """Version 10: the digest a route carries is SHA-256 over the occurrence records,
+    then each occurrence's content digest (``digests.range_digests``). A consumer
+    recomputes it from the frames a worker serves (a part message decoded); one token
+    changed, a record changed, a token dtype changed, a mask added or a range dropped
+    is another digest (or none at all)."""
     compact = worked_compact()
-    arrays = wire.batch_arrays(compact)
-    digest = wire.batch_digest(arrays)
+    tokens = compact.tokens.astype(wire.token_dtype(BINDING.vocab_size))
+    arrays = wire.batch_arrays(compact) | {"tokens": tokens}
+    lengths = compact.occurrences["range_stop"] - compact.occurrences["range_start"]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    contents = range_digests(tokens, offsets)
+    digest = wire.route_digest(compact.occurrences, contents)
     part = wire.decode(wire.encode("part", {"epoch": 0, "window": 0, "batch": 0}, arrays))
-    assert wire.batch_digest(part.arrays) == digest
-    tokens = np.array(compact.tokens)
-    tokens[0] += 1
-    assert wire.batch_digest(arrays | {"tokens": tokens}) != digest
+    assert wire.frames_digest(part.arrays) == digest
+    expected = hashlib.sha256(compact.occurrences.tobytes() + contents.tobytes()).digest()
+    assert digest == expected
+    assert digest.hex() == "".join(
+        [
+            "f658496e00b36df4f793938ac436affc",
+            "8717ce93e2a1417348db86fb27258489",
+        ]
+    )
+    changed = np.array(tokens)
+    changed[0] += 1
+    assert wire.frames_digest(arrays | {"tokens": changed}) != digest
     occurrences = np.array(compact.occurrences)
     occurrences["source_id"][0] += 1
-    assert wire.batch_digest(arrays | {"occurrences": occurrences}) != digest
-    # the same values in another dtype are another batch on the wire: another digest
-    assert wire.batch_digest(arrays | {"tokens": compact.tokens.astype(np.uint16)}) != digest
-    expected = hashlib.sha256()
-    for name in wire.BATCH_FRAMES:
-        code, array = wire._wire_array(name, arrays[name])
-        expected.update(msgpack.packb([name, code, list(array.shape)]))
-        expected.update(array.tobytes())
-    assert digest == expected.digest()
+    assert wire.frames_digest(arrays | {"occurrences": occurrences}) != digest
+    # the same values in another dtype are other bytes on the wire: another digest
+    assert wire.frames_digest(arrays | {"tokens": tokens.astype(np.int32)}) != digest
+    ones = np.ones(tokens.shape, np.uint8)
+    assert wire.frames_digest(arrays | {"mask": ones}) != digest
+    # tokens that are not exactly the records' ranges: no digest at all
+    assert wire.frames_digest(arrays | {"tokens": tokens[:-1]}) is None
+    assert wire.frames_digest(arrays | {"occurrences": compact.occurrences[1:]}) is None
 
 
 def test_a_route_with_part_frames_gives_the_batch():
@@ -110,7 +149,7 @@ def test_a_route_with_part_frames_gives_the_batch():
         "filler": False,
         "binding": wire.binding_to_wire(compact.binding),
         "endpoint": "tcp://127.0.0.1:7000",
-        "digest": wire.batch_digest(wire.batch_arrays(compact)).hex(),
+        "digest": "00" * 32,
     } | wire.batch_shape(compact)
     route = wire.decode(wire.encode("route", fields))
     part = wire.decode(
