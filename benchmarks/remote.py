@@ -12,12 +12,22 @@ the longest single wait for the store; and the longest gap a consumer of windows
 (``*_longest_gap_s``: the most seconds between two windows, the first counted from the
 end of the open) — what a trainer would stall for.
 
+The ceiling, measured first in the same run: what the store serves through the same S3
+client with nothing of streampack's around it (no cache, claim or file written): every
+byte of the corpus's larger files, each as ``max_requests`` range GETs at once
+(``ceiling_mb_s``, the faster of two rounds), and the first request of a fresh client
+(``first_request_s``: what every process pays once, the client's start). Per row then
+``ceiling_ratio``: the cold ratio a reader would reach fetching the row's bytes at that
+speed and doing nothing else; ``cold_of_ceiling``: the cold read's speed as a share of
+that.
+
     python benchmarks/remote.py [--documents 20000] [--block-bytes 1048576]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -65,6 +75,27 @@ def read(corpus: str | Path, shuffle: bool, options: StorageOptions | None) -> d
     }
 
 
+def ceiling(url: str, data: Path, options: StorageOptions) -> dict[str, float]:
+    """The store's own speed through the same client, without the cache (see module)."""
+    store = storage.Store("s3", options)  # a fresh client, not the readers'
+    names = sorted(p.name for p in data.iterdir() if p.stat().st_size >= 1 << 20)
+    start = time.perf_counter()
+    files = [storage.RemoteFile(storage.Url(f"{url}/{name}", options)) for name in names[:1]]
+    first = time.perf_counter() - start
+    files += [storage.RemoteFile(storage.Url(f"{url}/{name}", options)) for name in names[1:]]
+    jobs = []
+    for file in files:  # each file in max_requests ranges (of whole blocks), all at once
+        step = -(-file.size // options.max_requests // options.block_bytes) * options.block_bytes
+        jobs += [
+            functools.partial(store.fetch, file, lo, min(file.size, lo + step))
+            for lo in range(0, file.size, step)
+        ]
+    start = time.perf_counter()
+    fetched = sum(len(data) for data in store.map(jobs))
+    seconds = time.perf_counter() - start
+    return {"ceiling_mb_s": fetched / seconds / 1e6, "first_request_s": first}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=20000)
@@ -84,6 +115,13 @@ def main() -> None:
         store.start()
         try:
             url = store.upload(root / "data", "bench")
+            bare = StorageOptions(endpoint_url=store.endpoint, block_bytes=args.block_bytes)
+            # Twice, the faster kept: the first also starts the store's own reading.
+            rounds = [ceiling(url, root / "data", bare) for _ in range(2)]
+            top = {
+                "ceiling_mb_s": max(r["ceiling_mb_s"] for r in rounds),
+                "first_request_s": rounds[0]["first_request_s"],  # the process's first
+            }
             read(paths["shards"], True, None)  # the gather kernels loaded before any timing
             for fmt in FORMATS:
                 for shuffle in (False, True):
@@ -115,10 +153,18 @@ def main() -> None:
                         row[f"{phase}_mb_per_mtok"] = counters.bytes / tokens
                         row[f"{phase}_longest_wait_s"] = counters.longest_wait
                         storage._STORES.clear()  # the next phase counts afresh
+                        if phase == "cold":  # at the ceiling, these bytes would take
+                            best = counters.bytes / (top["ceiling_mb_s"] * 1e6)
+                            row["ceiling_ratio"] = local["seconds"] / max(best, 1e-9)
+                            row["cold_of_ceiling"] = best / got["seconds"]
                     rows.append(row)
         finally:
             store.stop()
-    print(json.dumps({"documents": args.documents, "block_bytes": args.block_bytes, "rows": rows}))
+    print(
+        json.dumps(
+            {"documents": args.documents, "block_bytes": args.block_bytes, **top, "rows": rows}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,14 @@ first. Blocks a read in progress holds are kept. A cache smaller than the corpus
 gives the exact stream: a block evicted is fetched again.
 
 A cached block is read as a memory map of its file (no request, no copy of the block:
-the window's pieces are copied out of the page cache).
+the window's pieces are copied out of the page cache). Where the block size is a
+multiple of the page size (Linux), each process maps the blocks it reads side by side
+into one reserved range of address space per remote file (:class:`_Mapping`): the file
+then reads as one array, as a local file's memory map does — one compiled gather per
+window, and a block read before costs a lookup in that process (no open, stat, claim,
+lock file or request). What it last read there is this process's own clock for the
+eviction order; a block it evicts, or finds evicted by another process, is unmapped
+(its disk space freed) once no read holds it.
 """
 
 from __future__ import annotations
@@ -34,14 +41,16 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import ctypes
 import functools
 import mmap
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -64,6 +73,88 @@ class RemoteFile(Protocol):
 STALE_AFTER = 30.0
 _POLL = 0.005
 _RUN_BYTES = 64 << 20  # one range request fetches at most this many consecutive blocks
+
+
+# mmap(2) through ctypes: the mmap module cannot place a map at an address (MAP_FIXED).
+_MAP_FIXED = 0x10  # Linux's value on every architecture it runs on
+_MAP_NORESERVE = 0x4000
+_PROT_NONE = 0  # (the mmap module names PROT_READ only)
+_FAILED = ctypes.c_void_p(-1).value
+
+
+def _libc_mmap() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        call = ctypes.CDLL(None, use_errno=True).mmap
+    except (OSError, AttributeError):
+        return None
+    call.restype = ctypes.c_void_p
+    call.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    return call
+
+
+_MMAP = _libc_mmap()
+
+
+class _Mapping:
+    """One remote file's cached blocks mapped side by side, block ``i`` at ``i * block``
+    of one reserved range of address space (inaccessible where no block is mapped):
+    ``array`` is the whole file, readable where ``present``. ``held[i]``: reads in
+    progress that use block ``i`` (it stays mapped); ``read_at[i]``: when this process
+    last read it (the eviction order's clock, without a ``utime`` per read)."""
+
+    def __init__(self, size: int, block: int) -> None:
+        count = -(-size // block)
+        self.block = block
+        self.base = self._call(None, count * block, _PROT_NONE, _private())
+        self.present = np.zeros(count, bool)
+        self.held = np.zeros(count, np.int64)
+        self.read_at = np.zeros(count, np.float64)
+        self.array = np.frombuffer(
+            memoryview((ctypes.c_uint8 * size).from_address(self.base)), np.uint8
+        )
+        self.array.flags.writeable = False
+
+    @staticmethod
+    def _call(address: int | None, length: int, protection: int, flags: int, fd: int = -1) -> int:
+        got = _MMAP(address, length, protection, flags, fd, 0)
+        if got in (None, _FAILED):
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        return int(got)
+
+    def map(self, index: int, path: str, expected: int) -> bool:
+        """Map block ``index`` from its cache file (False: not there at its size)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            if os.fstat(fd).st_size != expected:
+                return False
+            address = self.base + index * self.block
+            self._call(address, expected, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd)
+        finally:
+            os.close(fd)
+        self.present[index] = True
+        return True
+
+    def unmap(self, index: int) -> None:
+        """Block ``index`` made inaccessible again (its file's pages let go)."""
+        self.present[index] = False
+        address = self.base + index * self.block
+        self._call(address, self.block, _PROT_NONE, _private() | _MAP_FIXED)
+
+
+def _private() -> int:
+    return mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
 
 
 def _runs(indices: list[int], most: int) -> list[tuple[int, int]]:
@@ -101,6 +192,72 @@ class BlockCache:
         # Block path -> its bytes, for the blocks this process fetched ahead and has not
         # read yet: their sum is the prefetch depth (``prefetch_ahead_bytes``).
         self._ahead: dict[str, int] = {}
+        # Remote file key -> its blocks mapped side by side (None: not mappable so).
+        self._maps: dict[str, _Mapping | None] = {}
+
+    def _mapping(self, file: RemoteFile) -> _Mapping | None:
+        with self._lock:
+            if file.key not in self._maps:
+                mappable = _MMAP is not None and file.size > 0 and file.block % mmap.PAGESIZE == 0
+                try:
+                    self._maps[file.key] = _Mapping(file.size, file.block) if mappable else None
+                except OSError:  # no address space for it: blocks read one by one
+                    self._maps[file.key] = None
+            return self._maps[file.key]
+
+    @contextlib.contextmanager
+    def mapped(self, file: RemoteFile, indices: np.ndarray) -> Iterator[np.ndarray | None]:
+        """The whole of ``file`` as one uint8 array in which blocks ``indices`` (sorted,
+        distinct) can be read while the ``with`` lasts — those this process mapped
+        before found with no system call at all, the others fetched or read from the
+        cache (``blocks``) and mapped first. None where the file's blocks are not
+        mapped so (see module): the caller reads ``blocks``."""
+        mapping = self._mapping(file)
+        if mapping is None:
+            yield None
+            return
+        indices = np.asarray(indices, np.int64)
+        with self._lock:
+            mapping.held[indices] += 1
+            here = mapping.present[indices]
+        hits, missing = indices[here], indices[~here]
+        try:
+            if missing.size and not self._map_missing(file, mapping, missing.tolist()):
+                yield None
+                return
+            self._count(cache_hits=len(hits))
+            with self._lock:
+                mapping.read_at[indices] = time.time()
+                if self._planned:  # read now: each hit's next planned read is done
+                    for i in hits.tolist():  # (``blocks`` did the missing ones')
+                        self._done(self._name(file, i))
+            yield mapping.array
+        finally:
+            with self._lock:
+                mapping.held[indices] -= 1
+
+    def _map_missing(self, file: RemoteFile, mapping: _Mapping, missing: list[int]) -> bool:
+        """Blocks ``missing`` fetched (or read from the cache) and mapped; False when one
+        went away again before it was mapped, three times (evicted by another process
+        each time: the caller then reads the blocks as they came)."""
+        for _ in range(3):
+            self.blocks(file, missing)
+            missing = [
+                i
+                for i in missing
+                if not mapping.map(i, self._name(file, i), self._expected(file, i))
+            ]
+            if not missing:
+                return True
+        return False
+
+    def _done(self, path: str) -> None:
+        """The next planned read of block ``path`` happened (the lock is held)."""
+        uses = self._planned.get(path)
+        if uses:
+            uses.popleft()
+        if not uses:
+            self._planned.pop(path, None)
 
     def plan(self, file: RemoteFile, indices: list[int]) -> None:
         """Blocks ``indices`` of ``file`` will be read next, after those planned before."""
@@ -214,11 +371,14 @@ class BlockCache:
         fetched for a later read (prefetch), so not marked read."""
         held = [self._name(file, i) for i in indices]
         self._hold(held, 1)
+        mapping = self._maps.get(file.key)
         try:
             out: dict[int, np.ndarray] = {}
             missing = []
             for i in indices:
                 if ahead:  # only what is not here yet: nothing read now
+                    if mapping is not None and mapping.present[i]:
+                        continue
                     if not self._present(file, i):
                         missing.append(i)
                     continue
@@ -231,11 +391,7 @@ class BlockCache:
                 self._count(cache_hits=len(out), cache_misses=len(missing))
                 with self._lock:  # read now: its next planned read is done
                     for path in held:
-                        uses = self._planned.get(path)
-                        if uses:
-                            uses.popleft()
-                        if not uses:
-                            self._planned.pop(path, None)
+                        self._done(path)
             if missing:
                 self._fetch(file, missing, out, ahead)
             if not ahead:  # read now (found, or fetched ahead while this read waited)
@@ -321,11 +477,16 @@ class BlockCache:
                 continue
             used += stat.st_size
             blocks.append((stat.st_mtime, stat.st_size, entry.path))
+        self._unmap_gone({path for _, _, path in blocks})
         if used <= self.limit:
             return
         with self._lock:
             held = set(self._held)
             planned = {path: uses[0] for path, uses in self._planned.items()}
+            # A block this process maps was last read when its mapping says (no utime).
+            blocks = [
+                (max(mtime, self._mapped_at(path)), size, path) for mtime, size, path in blocks
+            ]
         # The block needed latest goes first: one this process has no plan for (read
         # already this epoch, or another process's) before any planned one, the most
         # recently read of those first (in a repeating order it comes back last); then
@@ -337,7 +498,7 @@ class BlockCache:
         for _, size, path in blocks:
             if used <= target:
                 break
-            if path in held:
+            if path in held or not self._unmap(path):
                 continue
             try:
                 os.unlink(path)
@@ -348,6 +509,41 @@ class BlockCache:
             with self._lock:  # fetched ahead and gone before it was read
                 self.counters.prefetch_ahead_bytes -= self._ahead.pop(path, 0)
         self._count(cache_evictions=evicted)
+
+    def _mapped_block(self, path: str) -> tuple[_Mapping, int] | None:
+        """The mapping of the file of the block at ``path``, and its index."""
+        key, name = path.rsplit(os.sep, 2)[-2:]
+        mapping = self._maps.get(key)
+        return None if mapping is None or not name.isdigit() else (mapping, int(name))
+
+    def _mapped_at(self, path: str) -> float:
+        found = self._mapped_block(path)
+        return 0.0 if found is None else float(found[0].read_at[found[1]])
+
+    def _unmap(self, path: str) -> bool:
+        """Block ``path`` unmapped in this process, or never mapped: False while a read
+        holds it — mapped, or fetched and about to be (it is not evicted then)."""
+        with self._lock:
+            found = self._mapped_block(path)
+            if found is None:
+                return True
+            mapping, index = found
+            if mapping.held[index]:
+                return False
+            if mapping.present[index]:
+                mapping.unmap(index)
+            return True
+
+    def _unmap_gone(self, listed: set[str]) -> None:
+        """Unmap the blocks another process evicted (their disk space is held while
+        mapped), unless a read holds them."""
+        with self._lock:
+            keys = [(key, m) for key, m in self._maps.items() if m is not None]
+        for key, mapping in keys:
+            for index in np.flatnonzero(mapping.present).tolist():
+                path = f"{self._root}{os.sep}{key[:2]}{os.sep}{key}{os.sep}{index}"
+                if path not in listed:
+                    self._unmap(path)
 
 
 def _files(root: Path) -> list[Any]:

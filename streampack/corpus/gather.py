@@ -1,7 +1,8 @@
 """Gathering documents: the ranges of a flat array, concatenated, in one compiled call
 (``streampack.kernels.corpus_cpu``) rather than a NumPy fancy index, which builds two
 index arrays of the output's size first. A remote array (``storage.RemoteArray``) has
-its ranges fetched first — the blocks they touch, coalesced — then copied the same way."""
+its ranges read the same way from the cache's mapping of its blocks (``RemoteArray.view``),
+or, where the cache does not map them, fetched back to back first, then copied."""
 
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ def gather_ranges(
     (a memory map is read in place); every range must lie inside it."""
     from streampack.kernels.corpus_cpu import gather_ranges_into
 
-    if isinstance(values, RemoteArray):  # the ranges fetched, back to back
-        values, starts = _fetched(values, starts, lengths)
+    if isinstance(values, RemoteArray):
+        with values.view(starts, lengths) as whole:  # its cached blocks, side by side
+            if whole is not None:
+                return gather_ranges(whole, starts, lengths, dtype)
+        values, starts = _fetched(values, starts, lengths)  # the ranges, back to back
     values = np.asarray(values)
     starts = np.ascontiguousarray(starts, np.int64)
     lengths = np.ascontiguousarray(lengths, np.int64)
@@ -59,6 +63,9 @@ def copy_ranges(
     from streampack.kernels.corpus_cpu import copy_ranges as compiled
 
     if isinstance(values, RemoteArray):
+        with values.view(starts, lengths) as whole:
+            if whole is not None:
+                return copy_ranges(whole, starts, lengths, out, out_starts)
         values, starts = _fetched(values, starts, lengths)
     values = np.asarray(values)  # a plain view of a memory map: no subclass per access
     starts = np.ascontiguousarray(starts, np.int64)

@@ -177,6 +177,15 @@ class OffsetsReader(SingleSource):
         it cached; the bytes that is."""
         part = self._locate(ids)
         total = 0
+        # Parts in one remote file (an Arrow file's record batches): one prefetch of the
+        # window's ranges in it, not one per part.
+        flats = [self._flat, *([self._mask_flat] if self.masked else [])]
+        remote = [f for f in flats if f is not None and isinstance(f.values, RemoteArray)]
+        if len(remote) == len(flats):
+            for flat in remote:
+                starts, lengths = flat.ranges(part, ids - self._first[part])
+                total += flat.values.prefetch(starts, lengths)
+            return total
         for s, sel in self._by_part(part, self._parts_of(part)):
             local = ids[sel] - self._first[s]
             stored = self.parts[s]
@@ -358,11 +367,31 @@ def _flat(whole: np.ndarray | None, values: list[Any], offsets: list[Any]) -> Fl
     if len(values) == 1 and isinstance(values[0], np.ndarray):
         return Flat.of_one(values[0], offsets[0])
     if whole is None:
-        return None
+        return _remote_flat(values, offsets)
     flat_values, flat_offsets = _views_of_one(whole, values), _views_of_one(whole, offsets)
     if flat_values is None or flat_offsets is None:
         return None
     return Flat(flat_values[0], flat_values[1], flat_offsets[0], flat_offsets[1])
+
+
+def _remote_flat(values: list[Any], offsets: list[Any]) -> Flat | None:
+    """The :class:`Flat` view of parts whose values lie in one remote file (the record
+    batches of an Arrow file read by range) at multiples of their one dtype's size, their
+    offsets in memory: the file as one remote array, the offsets concatenated."""
+    if not values or not all(isinstance(v, RemoteArray) for v in values):
+        return None
+    file, dtype = values[0].file, values[0].dtype
+    if any(v.file is not file or v.dtype != dtype or v.offset % dtype.itemsize for v in values):
+        return None
+    if not all(isinstance(o, np.ndarray) for o in offsets):
+        return None
+    counts = np.array([len(o) for o in offsets], np.int64)
+    return Flat(
+        RemoteArray(file, 0, dtype, file.size // dtype.itemsize),
+        np.array([v.offset // dtype.itemsize for v in values], np.int64),
+        np.concatenate([np.asarray(o, np.int64) for o in offsets]),
+        np.cumsum(counts) - counts,
+    )
 
 
 def _consecutive(ids: np.ndarray) -> bool:

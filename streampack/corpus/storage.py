@@ -27,6 +27,7 @@ the background); sequential readers a file object (:func:`open_binary`).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -37,7 +38,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -241,6 +242,9 @@ def _backend_options(scheme: str, options: StorageOptions) -> dict[str, Any]:
                 "retries": {"total_max_attempts": 1, "mode": "standard"},
                 "connect_timeout": 5,
                 "read_timeout": 30,
+                # A connection for each range request in flight (``max_requests``, and a
+                # few single-block reads outside the pool): none waits for another's.
+                "max_pool_connections": options.max_requests + 4,
             },
             "skip_instance_cache": True,
         }
@@ -575,19 +579,31 @@ class RemoteFile:
             copy_ranges(got[b], lo[p:q], length[p:q], out, to[p:q])
         return out, out_starts
 
-    def prefetch(self, starts: np.ndarray, stops: np.ndarray) -> int:
-        """Fetch the blocks the byte ranges touch in the background, for a later read
-        (the windows the cut will produce next); the bytes of those blocks."""
+    def _touched(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """The blocks the byte ranges ``[starts[i], stops[i])`` touch, sorted, once each."""
         starts = np.asarray(starts, np.int64)
         stops = np.minimum(np.asarray(stops, np.int64), self.size)
         live = stops > starts
-        if not live.any():
-            return 0
         first, last = starts[live] // self.block, (stops[live] - 1) // self.block
         spans = last - first + 1
-        needed = np.unique(
+        return np.unique(
             np.repeat(first - np.cumsum(spans) + spans, spans) + np.arange(int(spans.sum()))
         )
+
+    @contextlib.contextmanager
+    def mapped(self, starts: np.ndarray, stops: np.ndarray) -> Iterator[np.ndarray | None]:
+        """The whole file as one uint8 array, readable in the byte ranges while the
+        ``with`` lasts (``cache.BlockCache.mapped``: a local read for blocks cached
+        before), or None where the cache does not map them so."""
+        with self.store.cache.mapped(self, self._touched(starts, stops)) as whole:
+            yield whole
+
+    def prefetch(self, starts: np.ndarray, stops: np.ndarray) -> int:
+        """Fetch the blocks the byte ranges touch in the background, for a later read
+        (the windows the cut will produce next); the bytes of those blocks."""
+        needed = self._touched(starts, stops)
+        if not len(needed):
+            return 0
         self.store.cache.plan(self, needed.tolist())
         _PREFETCH.submit(self._ahead, needed)
         return len(needed) * self.block
@@ -625,6 +641,9 @@ class RemoteArray:
             if step != 1:
                 return self[lo:hi][::step]
             hi = max(hi, lo)
+            with self.view(np.array([lo]), np.array([hi - lo])) as whole:
+                if whole is not None:  # copied: the blocks may be unmapped after the with
+                    return whole[lo:hi].copy()
             data = self.file.read(self.offset + lo * size, self.offset + hi * size)
             return np.frombuffer(data, self.dtype)
         if np.ndim(key) == 0:
@@ -638,6 +657,19 @@ class RemoteArray:
         flat = index.ravel()
         values = self.fetch(flat, np.ones(len(flat), np.int64))
         return values.reshape(index.shape)
+
+    @contextlib.contextmanager
+    def view(self, starts: np.ndarray, lengths: np.ndarray) -> Iterator[np.ndarray | None]:
+        """The whole array, as a local memory map is, its elements ``[starts[i],
+        starts[i] + lengths[i])`` readable while the ``with`` lasts (``RemoteFile.mapped``);
+        None where the cache does not map them so (``fetch`` reads them then)."""
+        size = self.dtype.itemsize
+        lo = self.offset + np.asarray(starts, np.int64) * size
+        with self.file.mapped(lo, lo + np.asarray(lengths, np.int64) * size) as whole:
+            if whole is None:
+                yield None
+            else:
+                yield whole[self.offset : self.offset + self.length * size].view(self.dtype)
 
     def prefetch(self, starts: np.ndarray, lengths: np.ndarray) -> int:
         """Elements ``[starts[i], starts[i] + lengths[i])`` fetched in the background

@@ -21,6 +21,7 @@ from _formats import (
     MASKED_WRITERS,
     WRITERS,
     documents,
+    manifest,
     masks,
     write_jsonl,
     write_shards,
@@ -102,6 +103,53 @@ def test_every_format_streams_from_the_store_as_from_local_files(store, tmp_path
     got = _digest(capsys, f"{url}/manifest.json", *STREAM_FLAGS, *_remote_flags(store, tmp_path))
     assert got == expected
     assert expected["batches"] > 4
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_remote_arrow_file_is_read_by_range_digest_for_digest(store, tmp_path, capsys, masked):
+    """An Arrow IPC file in a store: its footer, each record batch's metadata and list
+    offsets, then only the token (and int8 mask) ranges the windows hold — the stream
+    equal to local, digest for digest (a string column before the tokens: its buffers
+    counted); one window read fetches a fraction of the file; an open again finds the
+    index in the node cache (no request)."""
+    import pyarrow as pa
+
+    local = tmp_path / "local"
+    local.mkdir()
+    docs = documents(2000, seed=8)
+    supervision = masks(docs)
+    fields = [("text", pa.string()), ("input_ids", pa.list_(pa.uint16()))]
+    if masked:
+        fields.append(("completion_mask", pa.list_(pa.int8())))
+    schema = pa.schema(fields)
+    with (
+        pa.OSFile(str(local / "docs.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, schema) as writer,
+    ):
+        for lo in range(0, len(docs), 100):  # (datasets writes 1000 rows a batch)
+            chunk = docs[lo : lo + 100]
+            arrays = [pa.array([f"d{lo + k}" for k in range(len(chunk))]), pa.array(chunk)]
+            arrays[1] = arrays[1].cast(pa.list_(pa.uint16()))
+            if masked:
+                arrays.append(pa.array(supervision[lo : lo + 100], pa.list_(pa.int8())))
+            writer.write_batch(pa.record_batch(arrays, schema=schema))
+    entry = {"mask": "completion_mask"} if masked else {}
+    manifest(local, arrow=["docs.arrow"], **entry)
+    url = store.upload(local, f"arrow-ranges/{masked}")
+    expected = _digest(capsys, str(local), *STREAM_FLAGS)
+    got = _digest(capsys, url, *STREAM_FLAGS, *_remote_flags(store, tmp_path))
+    assert got == expected
+
+    options = _options(store, tmp_path / "fresh", prefetch_bytes=0)  # what one window needs
+    source = open_corpus(url, storage=options)
+    assert isinstance(source.parts[0].tokens, storage_module.RemoteArray)  # not read whole
+    counters = Url(url, options).store.counters
+    next(iter_windows(source, 0, SMALL_WINDOWS))
+    size = (local / "docs.arrow").stat().st_size
+    assert settled_bytes(counters) < size / 4, (counters.bytes, size)
+    before = counters.requests
+    open_corpus(url, storage=options)
+    assert counters.requests - before <= 1  # the manifest, looked up afresh; the index kept
 
 
 MASKED = ["shards_uint8", "jsonl_labels", "parquet_mask", "hf_dataset_mask"]
@@ -433,6 +481,12 @@ def test_a_cache_smaller_than_the_corpus_fetches_what_the_known_order_bounds(
     assert counters.cache_evictions > 0
     used = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
     assert used <= limit * 1.1 + 4 * block  # + the blocks of a window in progress
+    # An evicted block is unmapped too: a deleted file still mapped would hold its disk.
+    maps = Path("/proc/self/maps")
+    if maps.exists():
+        cache = str(tmp_path / "cache")
+        kept = [x for x in maps.read_text().splitlines() if cache in x and "(deleted)" in x]
+        assert not kept, kept[:3]
 
 
 def test_a_json_lines_resume_reads_from_its_line_index_not_the_start(store, tmp_path):
