@@ -263,7 +263,11 @@ class Worker:
         return serving
 
     def run(self) -> int:
+        loading = time.perf_counter()
         self._audit_broken = _warm_up(self._audit_fn)
+        logger.debug(
+            "worker %d: kernels loaded in %.3f s", os.getpid(), time.perf_counter() - loading
+        )
         if self._audit_broken:
             logger.error("%s; packing continues, audits count as failed", self._audit_broken)
         metrics_server = None
