@@ -14,11 +14,19 @@ Where the time goes, per try (``timeline``): the trainer's imports done, its ker
 loaded, its first batch; the producer's endpoints bound and its kernels loaded; each
 worker's start, imports done and kernels loaded (the service's DEBUG log lines);
 ``after_ready``, the first batch less the last of those readiness marks: the socket
-handshakes and the first window's cut, plan and delivery. Besides, once per run
-(``imports``): each role's import time (``python -X importtime``, the sum of its
-top-level imports), and (``kernels``) the seconds a fresh process takes to load every
-kernel from the warm cache, with the number it compiled (Numba's dispatcher stats; 0
-when the cache is warm).
+handshakes and the first window's cut, plan and delivery; ``cpu_seconds``, the CPU each
+role (producer, all workers, trainer) had spent when the trainer held its batch: the
+work start-up costs, which a loaded machine stretches less than the wall time. Besides,
+once per run (``imports``): each role's import time (``python -X importtime``, the sum
+of its top-level imports), and (``kernels``) the seconds and CPU seconds a fresh process
+takes to load the kernels from the warm cache, every one (a trainer's, an auditing
+worker's) and planning and gathering only (``warm_up_kernels(expand=False)``: a
+producer's, a worker's), with the number it compiled (Numba's dispatcher stats; 0 when
+the cache is warm).
+
+``--against DIR`` runs another checkout (``git archive`` of an earlier commit, say) in
+the same round-robin, each of its tries right after this one's of the same
+configuration, and reports the ratios this / it of the median and best seconds.
 
 The reference (``grain``, when ``grain`` is installed: ``make bench`` installs it): the
 same documents (the corpus shards' tokens) through Grain's multiprocess pipeline in a
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import re
@@ -66,7 +75,7 @@ with BatchStream(endpoint, rank=0, world_size=1, timeout=120) as stream:
     marks["trainer_kernels"] = time.time() - started
     next(stream)
     marks["first_batch"] = time.time() - started
-print(json.dumps(marks))
+print(json.dumps({**marks, "cpu": time.process_time()}))
 """
 
 KERNELS = """
@@ -75,11 +84,14 @@ started = time.perf_counter()
 from streampack.kernels import pack_cpu
 from streampack.packing import warm_up_kernels
 imported = time.perf_counter()
-warm_up_kernels()
+cpu = time.process_time()
+warm_up_kernels(**KEYWORDS)
 loaded = time.perf_counter()
+cpu = time.process_time() - cpu
 dispatchers = [f for f in vars(pack_cpu).values() if hasattr(f, "stats")]
 print(json.dumps({
     "seconds": round(loaded - imported, 3),
+    "cpu_seconds": round(cpu, 3),
     "loaded": sum(sum(f.stats.cache_hits.values()) for f in dispatchers),
     "compiled": sum(sum(f.stats.cache_misses.values()) for f in dispatchers),
 }))
@@ -122,6 +134,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU seconds (user + system) process ``pid`` has spent so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_pids(log: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"worker \d+ started as pid (\d+)", log)]
 
 
 def log_marks(log: str, started: float) -> dict[str, float]:
@@ -175,18 +197,27 @@ def one_try(workers: int, plane: str, cache: Path, root: Path = ROOT) -> dict:
                 [sys.executable, "-c", TRAINER, repr(started), consumer_endpoint],
                 cwd=root, env=env, capture_output=True, text=True, timeout=180,
             )  # fmt: skip
+            # Each role's CPU to the first batch: the processes are still running.
+            log.seek(0)
+            text = log.read()
+            cpu = {"producer": cpu_seconds(serve.pid)}
+            cpu["workers"] = sum(cpu_seconds(pid) for pid in worker_pids(text))
         finally:
             serve.terminate()
             serve.wait(timeout=60)
         if trainer.returncode != 0:
             raise SystemExit(f"the trainer failed:\n{trainer.stderr}")
-        log.seek(0)
-        marks = {**log_marks(log.read(), started), **json.loads(trainer.stdout)}
+        marks = {**log_marks(text, started), **json.loads(trainer.stdout)}
+        cpu["trainer"] = marks.pop("cpu")
     # Ready: the trainer, the producer and the first worker to have loaded its kernels.
     workers_ready = min(v for k, v in marks.items() if k.startswith("worker") and "kernels" in k)
     ready = max(marks["trainer_kernels"], marks["producer_kernels"], workers_ready)
     timeline = {k: round(v, 3) for k, v in sorted(marks.items(), key=lambda kv: kv[1])}
-    return {**timeline, "after_ready": round(marks["first_batch"] - ready, 3)}
+    return {
+        **timeline,
+        "after_ready": round(marks["first_batch"] - ready, 3),
+        "cpu_seconds": {role: round(seconds, 3) for role, seconds in cpu.items()},
+    }
 
 
 def import_seconds(modules: str) -> float:
@@ -205,10 +236,12 @@ def import_seconds(modules: str) -> float:
     return round(total / 1e6, 3)
 
 
-def kernel_load(cache: Path) -> dict:
+def kernel_load(cache: Path, keywords: str = "") -> dict:
+    """A fresh process's ``warm_up_kernels(keywords)`` from the cache ``cache``."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    code = KERNELS.replace("**KEYWORDS", keywords)
     run = subprocess.run(
-        [sys.executable, "-c", KERNELS], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
     )
     return json.loads(run.stdout)
 
@@ -238,23 +271,25 @@ def main() -> None:
         "round-robin: its warm tries are reported beside, with the ratios this / it",
     )
     args = parser.parse_args()
-    try:
-        import grain  # noqa: F401
-    except ImportError:
-        grain_there = False
-    else:
-        grain_there = not args.no_grain
+    grain_there = not args.no_grain and importlib.util.find_spec("grain") is not None
     cache = Path(tempfile.mkdtemp(prefix="streampack-startup-cache-"))
     other_cache = Path(tempfile.mkdtemp(prefix="streampack-startup-cache-"))
     report: dict = {"corpus": str(CORPUS.relative_to(ROOT)), "repeats": args.repeats}
     try:
         report["cold"] = {f"{w}_workers_{p}": one_try(w, p, cache) for w, p in CONFIGS[:1]}
-        report["kernels"] = kernel_load(cache)
+        # Every kernel (a trainer's, an auditing worker's), and planning and gathering only
+        # (a producer's, a worker's), back to back, three times each.
+        report["kernels"] = {
+            name: min(
+                (kernel_load(cache, keywords) for _ in range(3)), key=lambda k: k["cpu_seconds"]
+            )
+            for name, keywords in (("all", ""), ("planning", "expand=False"))
+        }
         report["imports"] = {role: import_seconds(mods) for role, mods in ROLES.items()}
         roots = {"warm": ROOT}
         if args.against is not None:
             roots["against"] = args.against.resolve()
-            one_try(*CONFIGS[0], other_cache)  # fills the other checkout's cache
+            one_try(*CONFIGS[0], other_cache, roots["against"])  # fills its cache
         tries = {key: {f"{w}_workers_{p}": [] for w, p in CONFIGS} for key in roots}
         grains: dict[str, list[float]] = {"1_workers": [], "2_workers": []}
         for _ in range(args.repeats):
@@ -274,6 +309,12 @@ def main() -> None:
                 name: {
                     "seconds_to_first_batch": summary([t["first_batch"] for t in runs]),
                     "after_ready": summary([t["after_ready"] for t in runs]),
+                    # Each role's CPU to the first batch, median over the tries: the work
+                    # start-up costs, which a loaded machine stretches less than the wall.
+                    "cpu_seconds": {
+                        role: round(statistics.median(t["cpu_seconds"][role] for t in runs), 3)
+                        for role in runs[0]["cpu_seconds"]
+                    },
                     "tries": runs,
                 }
                 for name, runs in tries[key].items()
