@@ -66,7 +66,8 @@ def _warm_up(audit: Any = None) -> str:
     Returns "" or, when the audit itself cannot run, why (the worker then packs
     without auditing and reports every skipped audit as a failure).
     """
-    examples, batch = warm_up_kernels()
+    # Only an audit expands batches here (a consumer checks and expands its own).
+    examples, batch = warm_up_kernels(expand=audit is not None)
     if audit is not None:
         try:
             audit(batch.expand(), examples=examples)
