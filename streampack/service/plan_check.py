@@ -17,7 +17,7 @@ tokens, never from anything a worker sent.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,7 +26,9 @@ from ..config import PackConfig
 from ..errors import InternalError, ProtocolError, StreampackError
 from ..examples import Binding
 from ..packing import plan_ranges
-from ..windows import Window
+
+if TYPE_CHECKING:  # a worker checks no window: importing windows loads the corpus readers
+    from ..windows import Window
 
 
 @dataclasses.dataclass(frozen=True)

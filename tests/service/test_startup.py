@@ -2,7 +2,8 @@
 rank started together, seconds to the first batch), caught here without timing anything.
 
 - Each process the service starts (``serve``, ``worker``, ``consume``) imports none of
-  the optional heavy libraries (torch, pyarrow, ...) nor the decoder and the audit.
+  the optional heavy libraries (torch, pyarrow, ...) nor the decoder and the audit; a
+  worker, none of the corpus readers.
 - A second process with a warm Numba cache loads every kernel of the warm-up and
   compiles none (Numba's dispatcher stats).
 - A worker that does not audit loads the planning and gathering kernels only, not the
@@ -63,6 +64,8 @@ def test_a_service_process_imports_no_optional_library_nor_the_audit(role):
     loaded = set(_run(f"import json, sys, {module}\nprint(json.dumps(sorted(sys.modules)))"))
     assert not {m for m in loaded if m.split(".")[0] in OPTIONAL}
     assert not loaded & NOT_AT_START
+    if role == "worker":  # it packs what the producer sends: no corpus reader, no windows
+        assert not {m for m in loaded if m.startswith(("streampack.corpus", "streampack.windows"))}
 
 
 def test_a_second_process_loads_every_kernel_from_the_cache_and_compiles_none():
