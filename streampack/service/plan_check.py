@@ -17,14 +17,16 @@ The batches are built from the producer's own plan and its own copy of the windo
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..config import PackConfig
 from ..errors import ProtocolError, StreampackError
 from ..packing import plan_ranges
-from ..windows import Window
+
+if TYPE_CHECKING:  # a worker checks no window: importing windows loads the corpus readers
+    from ..windows import Window
 
 
 @dataclasses.dataclass(frozen=True)

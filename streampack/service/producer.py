@@ -207,7 +207,9 @@ class Producer:
             # The contract's plans need the planning kernels. Loaded once the endpoints
             # are bound (a port in use fails at once) and after ``serve`` started its
             # workers, which load theirs meanwhile: the first batch comes that much sooner.
-            warm_up_kernels()
+            loading = time.perf_counter()
+            warm_up_kernels(expand=False)  # it plans and gathers, never expands
+            logger.debug("producer: kernels loaded in %.3f s", time.perf_counter() - loading)
             self._loop(workers, consumers)
         finally:
             self.serving = False

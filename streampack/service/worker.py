@@ -66,7 +66,8 @@ def _warm_up(audit: Any = None) -> str:
     Returns "" or, when the audit itself cannot run, why (the worker then packs
     without auditing and reports every skipped audit as a failure).
     """
-    examples, batch = warm_up_kernels()
+    # Only an audit expands batches here (a consumer checks and expands its own).
+    examples, batch = warm_up_kernels(expand=audit is not None)
     if audit is not None:
         try:
             audit(batch.expand(), examples=examples)
@@ -263,7 +264,11 @@ class Worker:
         return serving
 
     def run(self) -> int:
+        loading = time.perf_counter()
         self._audit_broken = _warm_up(self._audit_fn)
+        logger.debug(
+            "worker %d: kernels loaded in %.3f s", os.getpid(), time.perf_counter() - loading
+        )
         if self._audit_broken:
             logger.error("%s; packing continues, audits count as failed", self._audit_broken)
         metrics_server = None
