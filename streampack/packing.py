@@ -559,8 +559,9 @@ def pack_compact(examples: Examples, binding: Binding, config: PackConfig) -> li
 def warm_up_kernels(*, expand: bool = True) -> tuple[Examples, CompactBatch]:
     """Compile, or load from the Numba cache, every kernel between a window and a
     ``PackedBatch``: plan, gather, check and fill; returns the tiny window and batch used.
-    With ``expand=False`` only planning and gathering (what a producer and a worker that
-    does not audit run: a quarter less to load, on the path to the first batch).
+    With ``expand=False`` only planning, gathering and the content digests (what a producer
+    and a worker that does not audit run: a quarter less to load, on the path to the first
+    batch).
 
     Loading costs about a second per process. The service's processes pay it before they
     announce themselves ready, so it never lands inside a stream (or a measured rate).
@@ -571,6 +572,7 @@ def warm_up_kernels(*, expand: bool = True) -> tuple[Examples, CompactBatch]:
     (batch,) = pack_compact(examples, binding, config)
     masked = dataclasses.replace(examples, mask=np.array([1, 0, 1, 0, 1], np.uint8))
     (masked_batch,) = pack_compact(masked, binding, config)
+    _warm_up_digests()  # the producer digests windows (data plane), a consumer batches
     if not expand:
         return examples, batch
     # Each argument type is its own specialization: tokens int32 or uint16 (the service
@@ -590,7 +592,6 @@ def warm_up_kernels(*, expand: bool = True) -> tuple[Examples, CompactBatch]:
                         arrays[name].flags.writeable = False
                 dataclasses.replace(batch, **arrays).checked(max_cells=4).expand()
     pack_examples(masked, binding, config)
-    _warm_up_digests()
     return examples, batch
 
 
