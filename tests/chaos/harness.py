@@ -2,8 +2,10 @@
 
 ``Plan.draw(seed)`` turns a seed into everything a run does: the stream's settings
 (small budgets, short heartbeats, small prefetch, so the hard states come in seconds),
-the number of workers and ranks, and a schedule of faults, each firing when a given
-share of the stream has been delivered. ``Run(plan, workdir).execute()`` starts the
+the data plane (half the seeds run ``data_plane = "workers"``: the workers serve the
+batches, through ``peers.py``, which watches their stores), the number of workers and
+ranks, and a schedule of faults, each firing when a given share of the stream has
+been delivered. ``Run(plan, workdir).execute()`` starts the
 processes (``python -m streampack.cli produce|worker`` and ``trainer.py``, which uses
 the real client), fires the faults, and checks every batch as it arrives against the
 service's oracle (docs: DESIGN.md §4): the in-process ``digest`` stream of that rank.
@@ -17,6 +19,11 @@ What is checked, batch by batch:
   receives exactly the rest, through to the end of the stream;
 - no trainer ends in an error, the producer never dies of a peer, and the whole run
   finishes before its deadline (a hang is a failure, reported with what each rank had);
+- the counters agree with what the ranks read: each client counts the batches its log
+  shows; no client refuses more workers' batches than hostile workers altered (an
+  honest worker's batch is never refused); without faults that add askers
+  (``EXTRA_SERVES``) the producer's batches served equal the batches the ranks read;
+  no serving worker's store ever holds more than ``store_bytes``;
 - no trainer waits longer than ``WAIT_BOUND`` for one batch, whatever the faults: a
   hung worker (heartbeats, never answers) or a slow one (answers 5 s late) costs about
   ``backup_after`` (1 s), since the trainers' timeout (``TRAINER_TIMEOUT``) is shorter
