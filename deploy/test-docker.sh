@@ -435,14 +435,18 @@ print(public.decode())' "$WORK/producer.key")
 }
 
 start_worker() {
-    # start_worker N [docker run options]. NUMBA_DEBUG_CACHE: the worker logs every
-    # kernel it loads from, or saves to, the cache.
-    local n=$1
+    # start_worker N [docker run options] [-- worker flags]. NUMBA_DEBUG_CACHE: the
+    # worker logs every kernel it loads from, or saves to, the cache.
+    local n=$1 options=() curve=()
     shift
-    local curve=()
+    while (($#)) && [[ $1 != -- ]]; do
+        options+=("$1")
+        shift
+    done
+    (($#)) && shift
     mapfile -t curve < <(curve_client_flags)
-    svc "worker-$n" -e NUMBA_DEBUG_CACHE=1 "$@" "$IMAGE" worker \
-        --config /etc/streampack/streampack.toml --connect tcp://producer:5555 "${curve[@]}"
+    svc "worker-$n" -e NUMBA_DEBUG_CACHE=1 "${options[@]}" "$IMAGE" worker \
+        --config /etc/streampack/streampack.toml --connect tcp://producer:5555 "${curve[@]}" "$@"
 }
 
 start_consumer() {
@@ -653,7 +657,7 @@ e2e_run_data_plane() {
     # and batches in its store that the consumer has routes to.
     local i
     for i in 1 2; do
-        start_worker "$i" --cpus 0.25 --serve-endpoint tcp://0.0.0.0:5558 \
+        start_worker "$i" --cpus 0.25 -- --serve-endpoint tcp://0.0.0.0:5558 \
             --serve-advertise "tcp://$RUN_ID-worker-$i:5558"
     done
     wait_producer 180 streampack_workers 2 || fail "run 3: within 180 s only $STAT of 2 workers joined"
