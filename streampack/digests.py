@@ -60,8 +60,8 @@ def range_digests(
     out = np.empty((offsets.size - 1, DIGEST_BYTES), np.uint8)
     for i in range(offsets.size - 1):
         lo, hi = int(offsets[i]), int(offsets[i + 1])
-        digest = hashlib.sha256(data[lo * width : hi * width])
+        digest = hashlib.sha256(data[lo * width : hi * width].data)  # (a buffer, no copy)
         if marks is not None:
-            digest.update(marks[lo:hi])
+            digest.update(marks[lo:hi].data)
         out[i] = np.frombuffer(digest.digest()[:DIGEST_BYTES], np.uint8)
     return out
