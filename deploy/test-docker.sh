@@ -15,6 +15,9 @@
 #                 from the host, must count the batches the consumer received
 #   7. run 2      the same over CURVE (the producer's key pair made for the run), with
 #                 one worker container killed (`docker kill`) mid-epoch
+#      run 3      the data plane (data_plane = "workers"): each worker serves its
+#                 batches on port 5558, advertised by its container name; one worker
+#                 is killed while it serves the consumer; the digest still matches
 #   8. measure    image size, build time, cold start to first batch (warm and cold cache)
 #
 # Usage: deploy/test-docker.sh [build|run]
@@ -432,14 +435,18 @@ print(public.decode())' "$WORK/producer.key")
 }
 
 start_worker() {
-    # start_worker N [docker run options]. NUMBA_DEBUG_CACHE: the worker logs every
-    # kernel it loads from, or saves to, the cache.
-    local n=$1
+    # start_worker N [docker run options] [-- worker flags]. NUMBA_DEBUG_CACHE: the
+    # worker logs every kernel it loads from, or saves to, the cache.
+    local n=$1 options=() curve=()
     shift
-    local curve=()
+    while (($#)) && [[ $1 != -- ]]; do
+        options+=("$1")
+        shift
+    done
+    (($#)) && shift
     mapfile -t curve < <(curve_client_flags)
-    svc "worker-$n" -e NUMBA_DEBUG_CACHE=1 "$@" "$IMAGE" worker \
-        --config /etc/streampack/streampack.toml --connect tcp://producer:5555 "${curve[@]}"
+    svc "worker-$n" -e NUMBA_DEBUG_CACHE=1 "${options[@]}" "$IMAGE" worker \
+        --config /etc/streampack/streampack.toml --connect tcp://producer:5555 "${curve[@]}" "$@"
 }
 
 start_consumer() {
@@ -600,33 +607,70 @@ e2e_run_kill() {
     start_worker 2 --cpus 0.25
     wait_producer 180 streampack_workers 2 || fail "run 2: within 180 s only $STAT of 2 workers joined"
     start_consumer
-    wait_producer 180 streampack_batches_served_total 1 consumer \
-        || fail "run 2: within 180 s of the consumer's start, no batch was served"
-    local served=$STAT lost reissued result total
+    kill_worker_mid_epoch "run 2" streampack_batches_served_total
+    DIGEST_RUN2=$(json_field "$RESULT" digest)
+    remove_run
+    CURVE_KEY=""
+}
+
+RESULT=""
+kill_worker_mid_epoch() {
+    # kill_worker_mid_epoch WHAT METRIC: once the producer's METRIC counts a batch,
+    # `docker kill` worker-1; the consumer must still end with the in-process digest
+    # (its result line in RESULT, the batch count at the kill in KILLED_AT).
+    local what=$1 metric=$2 lost reissued backed_up total
+    wait_producer 180 "$metric" 1 consumer \
+        || fail "$what: within 180 s of the consumer's start, $metric stayed 0"
     docker kill "$RUN_ID-worker-1" >/dev/null
-    KILLED_AT=$served
+    KILLED_AT=$(producer_metric streampack_batches_served_total)
     [[ $(docker inspect -f '{{.State.Running}}' "$RUN_ID-consumer") == true ]] \
-        || fail "run 2: the consumer had already finished when the worker was killed"
-    log "run 2: killed worker-1 after $served batches had been served"
+        || fail "$what: the consumer had already finished when the worker was killed"
+    log "$what: killed worker-1 after $KILLED_AT batches had been served"
     wait_exit consumer
-    [[ $EXIT_CODE == 0 ]] || fail "run 2: the consumer exited with status $EXIT_CODE"
-    result=$(consumer_result)
-    log "run 2 consumer: $result"
-    total=$(json_field "$result" batches)
+    [[ $EXIT_CODE == 0 ]] || fail "$what: the consumer exited with status $EXIT_CODE"
+    RESULT=$(consumer_result)
+    log "$what consumer: $RESULT"
+    total=$(json_field "$RESULT" batches)
     [[ $total -gt $KILLED_AT ]] \
-        || fail "run 2: the kill came after the last batch ($KILLED_AT of $total)"
+        || fail "$what: the kill came after the last batch ($KILLED_AT of $total)"
     # The killed worker's windows go elsewhere as reissues, or as backup copies made
     # before it was found lost (a window overdue against the others' p95 is copied).
     read -r lost reissued backed_up <<<"$(producer_metric streampack_workers_lost_total \
         streampack_windows_reissued_total streampack_windows_backed_up_total)"
-    log "run 2: producer lost $lost worker(s), reissued $reissued and backed up $backed_up window(s)"
+    log "$what: producer lost $lost worker(s), reissued $reissued and backed up $backed_up window(s)"
     [[ $lost -ge 1 && $((reissued + backed_up)) -ge 1 ]] \
-        || fail "run 2: the killed worker held no window (lost $lost, reissued $reissued, backed up $backed_up)"
-    compare_with_inprocess "run 2" "$result"
-    DIGEST_RUN2=$(json_field "$result" digest)
-    log "run 2: the kill came at batch $KILLED_AT of $total"
+        || fail "$what: the killed worker held no window (lost $lost, reissued $reissued, backed up $backed_up)"
+    compare_with_inprocess "$what" "$RESULT"
+    log "$what: the kill came at batch $KILLED_AT of $total"
+}
+
+DIGEST_RUN3=""
+ROUTED=""
+e2e_run_data_plane() {
+    log "run 3: the data plane, workers serving the consumer; worker-1 killed mid-epoch"
+    docker network create --label "$LABEL" "$NETWORK" >/dev/null
+    start_producer --reorder-budget-bytes 65536 --data-plane workers
+    wait_healthy producer
+    # Each worker binds its consumer endpoint on every interface of its container and
+    # advertises the name the network's DNS gives the container, as in
+    # deploy/docker-compose.yml. Slowed as in run 2, so the killed one holds windows
+    # and batches in its store that the consumer has routes to.
+    local i
+    for i in 1 2; do
+        start_worker "$i" --cpus 0.25 -- --serve-endpoint tcp://0.0.0.0:5558 \
+            --serve-advertise "tcp://$RUN_ID-worker-$i:5558"
+    done
+    wait_producer 180 streampack_workers 2 || fail "run 3: within 180 s only $STAT of 2 workers joined"
+    start_consumer
+    kill_worker_mid_epoch "run 3" streampack_batches_routed_total
+    local rerouted
+    read -r ROUTED rerouted <<<"$(producer_metric streampack_batches_routed_total \
+        streampack_batches_rerouted_total)"
+    log "run 3: $ROUTED batches routed to a worker, $rerouted rerouted through the producer"
+    ((ROUTED > KILLED_AT)) \
+        || fail "run 3: only $ROUTED batches went through a worker, none after the kill at $KILLED_AT"
+    DIGEST_RUN3=$(json_field "$RESULT" digest)
     remove_run
-    CURVE_KEY=""
 }
 
 remove_run() {
@@ -710,6 +754,7 @@ main() {
     inprocess_digest
     e2e_run_plain
     e2e_run_kill
+    e2e_run_data_plane
 
     local size
     size=$(docker image inspect -f '{{.Size}}' "$IMAGE")
@@ -725,9 +770,12 @@ main() {
         "(${cold_wall}s from docker run)"
     log "digests: in-process $(json_field "$INPROCESS" digest)"
     log "         run 1      $DIGEST_RUN1"
-    log "         run 2      $DIGEST_RUN2 (worker killed at batch $KILLED_AT)"
-    echo "$SUITE: PASS: digests equal to in-process in both runs (one with a worker killed" \
-        "at batch $KILLED_AT); image $((size / 1000000)) MB; build $BUILD_SECONDS;" \
+    log "         run 2      $DIGEST_RUN2 (worker killed)"
+    log "         run 3      $DIGEST_RUN3 (data plane, serving worker killed at batch" \
+        "$KILLED_AT; $ROUTED batches routed)"
+    echo "$SUITE: PASS: digests equal to in-process in all three runs (a worker killed in" \
+        "run 2, a serving one on the data plane in run 3 at batch $KILLED_AT);" \
+        "image $((size / 1000000)) MB; build $BUILD_SECONDS;" \
         "worker start to first batch ${warm_process}s (empty cache: ${cold_process}s)"
     VERDICT_DONE=1
 }

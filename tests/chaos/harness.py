@@ -2,8 +2,10 @@
 
 ``Plan.draw(seed)`` turns a seed into everything a run does: the stream's settings
 (small budgets, short heartbeats, small prefetch, so the hard states come in seconds),
-the number of workers and ranks, and a schedule of faults, each firing when a given
-share of the stream has been delivered. ``Run(plan, workdir).execute()`` starts the
+the data plane (half the seeds run ``data_plane = "workers"``: the workers serve the
+batches, through ``peers.py``, which watches their stores), the number of workers and
+ranks, and a schedule of faults, each firing when a given share of the stream has
+been delivered. ``Run(plan, workdir).execute()`` starts the
 processes (``python -m streampack.cli produce|worker`` and ``trainer.py``, which uses
 the real client), fires the faults, and checks every batch as it arrives against the
 service's oracle (docs: DESIGN.md §4): the in-process ``digest`` stream of that rank.
@@ -17,6 +19,11 @@ What is checked, batch by batch:
   receives exactly the rest, through to the end of the stream;
 - no trainer ends in an error, the producer never dies of a peer, and the whole run
   finishes before its deadline (a hang is a failure, reported with what each rank had);
+- the counters agree with what the ranks read: each client counts the batches its log
+  shows; no client refuses more workers' batches than hostile workers altered (an
+  honest worker's batch is never refused); without faults that add askers
+  (``EXTRA_SERVES``) the producer's batches served equal the batches the ranks read;
+  no serving worker's store ever holds more than ``store_bytes``;
 - no trainer waits longer than ``WAIT_BOUND`` for one batch, whatever the faults: a
   hung worker (heartbeats, never answers) or a slow one (answers 5 s late) costs about
   ``backup_after`` (1 s), since the trainers' timeout (``TRAINER_TIMEOUT``) is shorter
@@ -42,9 +49,18 @@ from pathlib import Path
 from typing import Any
 
 from _service import FIXTURE, ROOT, env, flags, free_port, start
-from peers import Peer, fake_worker, garbage, stray_fetches, wrong_world_fetch
+from peers import (
+    SERVING_MODES,
+    Peer,
+    fake_worker,
+    garbage,
+    idle_consumer,
+    stray_fetches,
+    wrong_world_fetch,
+)
 
 TRAINER = Path(__file__).resolve().parent / "trainer.py"
+PEERS = Path(__file__).resolve().parent / "peers.py"
 
 #: Fault kinds drawn by every run: main survives each of them.
 ENABLED = (
@@ -64,7 +80,28 @@ ENABLED = (
     "foreign_failed",
     "forged_counters",
     "worker_wave",
+    "serving_kill",
+    "serving_stop",
+    "wrong_batch",
+    "hung_get",
+    "idle_consumer",
     "tail_drop",  # not a fault: a setting; without it every run uses tail = "fill"
+)
+
+#: Faults of the data plane (``data_plane = "workers"``), drawn only in the seeds that
+#: run it: a worker killed or stopped while it holds batches consumers are routed to, a
+#: serving worker that answers ``get`` with a wrong batch or never, and a consumer
+#: that takes routes and never fetches them. The other kinds hit those seeds too.
+DATA_PLANE_KINDS = ("serving_kill", "serving_stop", "wrong_batch", "hung_get", "idle_consumer")
+#: Faults after which the producer counts batches no rank's log shows (a stranger's
+#: fetches, a job of another size's, a killed trainer's prefetch, a restarted
+#: producer's fresh counters).
+EXTRA_SERVES = (
+    "stray_fetch",
+    "wrong_world_fetch",
+    "idle_consumer",
+    "trainer_kill",
+    "producer_restart",
 )
 
 #: Fault kinds the service does not survive yet, each with what goes wrong: drawn only
@@ -72,7 +109,14 @@ ENABLED = (
 #: tier passes with it. Empty: the service survives every kind.
 DISABLED: dict[str, str] = {}
 
-ALL_KINDS = ENABLED + tuple(DISABLED)
+#: Drawn only when named (or with CHAOS_FAULTS=all), since they lengthen every run
+#: they hit. ``late_workers``, not a fault: in half the seeds the workers start
+#: LATE_WORKERS seconds after the trainers, whose fetches are resent meanwhile; a
+#: resend must cost nothing (batches served equal batches read).
+OPT_IN = ("late_workers",)
+LATE_WORKERS = 6.0
+
+ALL_KINDS = ENABLED + OPT_IN + tuple(DISABLED)
 PEER_KINDS = {
     "stray_fetch",
     "garbage",
@@ -137,6 +181,8 @@ class Plan:
     prefetch: int
     delay: float
     checkpoint_every: int
+    store_bytes: int
+    workers_after: float
     faults: list[Fault]
     deadline: float
 
@@ -170,13 +216,29 @@ class Plan:
         }
         world_size = rng.choice([1, 2, 2, 3])
         faults = []
-        fault_kinds = [kind for kind in kinds if kind != "tail_drop"]
+        fault_kinds = [kind for kind in kinds if kind not in ("tail_drop", "late_workers")]
+        # Half the seeds run the data plane; all of them when only its faults are drawn.
+        workers_plane = rng.random() < 0.5 or bool(
+            fault_kinds and set(fault_kinds) <= set(DATA_PLANE_KINDS)
+        )
+        settings["data_plane"] = "workers" if workers_plane else "producer"
+        if not workers_plane:
+            fault_kinds = [kind for kind in fault_kinds if kind not in DATA_PLANE_KINDS]
         count = rng.randint(2, 5) if fault_kinds else 0
-        for _ in range(count):
+        # A data-plane seed's first fault is one of the data plane's, so that a few
+        # seeds cover them all.
+        plane_kinds = [kind for kind in fault_kinds if kind in DATA_PLANE_KINDS]
+        for n in range(count):
+            at = round(rng.uniform(0.05, 0.8), 3)
+            kind = rng.choice(plane_kinds if n == 0 and plane_kinds else fault_kinds)
+            # A hostile serving worker joins with the others: the honest ones pack far
+            # ahead (a run's windows are all handed out within seconds), and one that
+            # came later would never hold a batch a consumer is routed to.
+            at = 0.0 if kind in ("wrong_batch", "hung_get") else at
             faults.append(
                 Fault(
-                    at=round(rng.uniform(0.05, 0.8), 3),
-                    kind=rng.choice(fault_kinds),
+                    at=at,
+                    kind=kind,
                     pick=rng.randrange(1000),
                     hold=round(rng.uniform(0.3, 2.5), 2),
                     variant=rng.randrange(1000),
@@ -195,6 +257,11 @@ class Plan:
             prefetch=rng.choice([1, 2, 4, 8]),
             delay=delay,
             checkpoint_every=rng.choice([2, 3, 5]),
+            # A serving worker's store: from about two batches (most are dropped for
+            # room and taken from the producer) to more than a run's.
+            store_bytes=rng.choice([8192, 65536, 1 << 20]),
+            # Drawn last, and only when named, so that it changes no other seed's plan.
+            workers_after=LATE_WORKERS if "late_workers" in kinds and rng.random() < 0.5 else 0.0,
             faults=faults,
             deadline=90.0,
         )
@@ -203,7 +270,8 @@ class Plan:
         shape = {k: v for k, v in self.settings.items() if k not in ("corpus", "capacity")}
         return (
             f"world_size={self.world_size} workers={self.workers} prefetch={self.prefetch} "
-            f"delay={self.delay} checkpoint_every={self.checkpoint_every} {shape}\n"
+            f"delay={self.delay} checkpoint_every={self.checkpoint_every} "
+            f"store_bytes={self.store_bytes} workers_after={self.workers_after} {shape}\n"
             f"  faults: {' '.join(f.describe() for f in self.faults) or 'none'}"
         )
 
@@ -248,6 +316,7 @@ class Segment:
     received: int = 0
     longest_wait: float = 0.0  # seconds, the longest next() of the segment
     checkpoints: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    metrics: dict[str, Any] | None = None  # the client's counters, written after END
     ended: bool = False
     error: str = ""
     killed: bool = False
@@ -265,6 +334,8 @@ class Run:
         self.producer: subprocess.Popen | None = None
         self.producers: list[subprocess.Popen] = []  # every one started, for cleanup
         self.workers: list[subprocess.Popen] = []
+        self.serving_peers: list[subprocess.Popen] = []  # hostile serving workers
+        self.stores: dict[int, Path] = {}  # a serving worker's store status file, by pid
         self.stopped: dict[int, subprocess.Popen] = {}  # SIGSTOPped processes by pid
         self.segments: dict[int, list[Segment]] = {r: [] for r in range(plan.world_size)}
         self.peers: list[Peer] = []
@@ -297,21 +368,43 @@ class Run:
         self.producers.append(self.producer)
         self._note(f"producer {self.producer.pid} started")
 
-    def start_worker(self) -> None:
+    @property
+    def data_plane(self) -> bool:
+        return self.plan.settings["data_plane"] == "workers"
+
+    def start_worker(self, mode: str = "honest") -> None:
+        """A pack worker; on the data plane one that serves (through ``peers.py``, which
+        watches its store), ``mode`` saying how (``peers.SERVING_MODES``)."""
+        worker_flags = ["--connect", self.worker_endpoint, "--heartbeat-interval", "0.2"]
+        # A hostile serving worker asks for more windows than the honest ones (credit 3
+        # against 1), so that consumers are routed to it within a run's few seconds.
+        worker_flags += ["--prefetch", "1" if mode == "honest" else "3"]
         with self._output("workers.err") as err:
-            proc = start(
-                "worker",
-                "--connect",
-                self.worker_endpoint,
-                "--heartbeat-interval",
-                "0.2",
-                "--prefetch",
-                "1",
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        self.workers.append(proc)
-        self._note(f"worker {proc.pid} started")
+            if not self.data_plane:
+                proc = start("worker", *worker_flags, stdout=subprocess.DEVNULL, stderr=err)
+            else:
+                status = self.dir / f"store.{len(self.stores)}"
+                worker_flags += ["--serve-endpoint", "tcp://127.0.0.1:*"]
+                worker_flags += ["--store-bytes", str(self.plan.store_bytes)]
+                proc = subprocess.Popen(
+                    [sys.executable, str(PEERS), mode, str(status), *worker_flags],
+                    cwd=ROOT,
+                    env=env(),
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
+                self.stores[proc.pid] = status
+        (self.workers if mode == "honest" else self.serving_peers).append(proc)
+        self._note(f"worker {proc.pid} started" + ("" if mode == "honest" else f" ({mode})"))
+
+    def _store(self, pid: int) -> list[int]:
+        """A serving worker's last store status: entries, bytes, highest bytes, budget,
+        batches served altered (zeros before its first)."""
+        try:
+            fields = [int(x) for x in self.stores[pid].read_text().split()]
+        except (OSError, ValueError):  # not written yet, or caught mid-write
+            fields = []
+        return fields if len(fields) == 5 else [0] * 5
 
     def start_trainer(self, rank: int, cursor: dict[str, int] | None) -> None:
         number = len(self.segments[rank])
@@ -357,6 +450,10 @@ class Run:
     def _live_workers(self) -> list[subprocess.Popen]:
         return [p for p in self.workers if p.poll() is None and p.pid not in self.stopped]
 
+    def _serving_workers(self) -> list[subprocess.Popen]:
+        """Live honest workers holding batches consumers are (or will be) routed to."""
+        return [p for p in self._live_workers() if self._store(p.pid)[0] > 0]
+
     def _live_segments(self) -> list[Segment]:
         out = []
         for segments in self.segments.values():
@@ -387,13 +484,19 @@ class Run:
     def fire(self, fault: Fault) -> None:
         kind, rng = fault.kind, self.rng
         self._note(f"fault {fault.describe()}")
-        if kind in ("worker_kill", "worker_stop"):
-            live = self._live_workers()
+        if kind in ("worker_kill", "worker_stop", "serving_kill", "serving_stop"):
+            live = self._serving_workers() if kind.startswith("serving") else []
+            if kind.startswith("serving") and not live:
+                self._note("  no worker holds batches now: any live worker instead")
+            live = live or self._live_workers()
             if not live:
                 self._note("  no live worker: skipped")
                 return
             proc = live[fault.pick % len(live)]
-            if kind == "worker_kill":
+            if proc.pid in self.stores:
+                entries, nbytes = self._store(proc.pid)[:2]
+                self._note(f"  worker {proc.pid} holds {entries} batches ({nbytes} bytes)")
+            if kind.endswith("_kill"):
                 proc.kill()
                 self._note(f"  killed worker {proc.pid}")
                 self._after(fault.hold, "replacement worker", self.start_worker)
@@ -456,6 +559,22 @@ class Run:
                 raise self.failure(f"producer did not exit within 15s of {how}") from None
             self._note(f"  producer stopped by {how}")
             self._after(fault.hold, "producer restart", self.start_producer)
+        elif kind == "wrong_batch":
+            self.start_worker(SERVING_MODES[fault.variant % (len(SERVING_MODES) - 1)])
+        elif kind == "hung_get":
+            self.start_worker("hang")
+        elif kind == "idle_consumer":
+            live = self._live_segments()
+            if not live:
+                self._note("  no live trainer to shadow: skipped")
+                return
+            segment = live[fault.pick % len(live)]
+            stream = self.expected[segment.rank]
+            at = min(segment.position + segment.received, len(stream) - 1)
+            epoch, index, _ = stream[at]
+            body = idle_consumer(segment.rank, self.plan.world_size, epoch, index, fault.hold)
+            self._note(f"  a consumer fetches as rank {segment.rank} from {(epoch, index)}")
+            self._peer(self.consumer_endpoint, body, "idle")
         elif kind in PEER_KINDS:
             self._fire_peer(fault, rng)
         else:
@@ -524,6 +643,8 @@ class Run:
                 self.delivered += 1
             elif tag == "C":
                 segment.checkpoints.append(json.loads(rest))
+            elif tag == "M":
+                segment.metrics = json.loads(rest)
             elif tag == "END":
                 if segment.position + segment.received != len(stream):
                     raise self.failure(
@@ -608,6 +729,10 @@ class Run:
             "backup_wins",
             "duplicates_dropped",
             "batches_served",
+            "fillers_served",
+            "batches_routed",
+            "batches_rerouted",
+            "worker_batches_refused",
             "epoch",
         )
         return json.dumps({k: status["stats"].get(k) for k in keep})
@@ -635,7 +760,10 @@ class Run:
         plan = self.plan
         self.start_producer()
         for _ in range(plan.workers):
-            self.start_worker()
+            if plan.workers_after:
+                self._after(plan.workers_after, "a late worker", self.start_worker)
+            else:
+                self.start_worker()
         for rank in range(plan.world_size):
             self.start_trainer(rank, None)
         faults = list(plan.faults)
@@ -680,13 +808,68 @@ class Run:
         if self.producer is None or self.producer.poll() is not None:
             raise self.failure("no producer running at the end")
         waited, where = self.longest_wait()
-        if waited > WAIT_BOUND:
+        bound = WAIT_BOUND + plan.workers_after  # the first batch waits for late workers
+        if waited > bound:
             raise self.failure(
                 f"{where} waited {waited:.2f}s for one batch; no trainer may wait more than "
-                f"{WAIT_BOUND}s (a hung or slow worker costs about backup_after = 1 s)"
+                f"{bound}s (a hung or slow worker costs about backup_after = 1 s)"
             )
         if self._status().startswith("no answer"):
             raise self.failure("the producer does not answer a health probe at the end")
+        self._check_counters()
+
+    def _check_counters(self) -> None:
+        """The counters agree with what the ranks read, the clients' and the producer's,
+        and no serving worker's store ever held more than its budget."""
+        ended = [s for segs in self.segments.values() for s in segs if s.ended]
+        for segment in ended:  # its counters follow END: wait (bounded) for them
+            try:
+                segment.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                raise self.failure(f"rank {segment.rank} did not exit after its END") from None
+            self._read(segment)
+            if segment.metrics is None:
+                raise self.failure(f"rank {segment.rank} wrote no counters after its END")
+            if segment.metrics["batches"] != segment.received:
+                raise self.failure(
+                    f"rank {segment.rank} segment {segment.number}: the client counts "
+                    f"{segment.metrics['batches']} batches, its log {segment.received}"
+                )
+        for pid in self.stores:
+            _, _, highest, budget, _ = self._store(pid)
+            if highest > budget:
+                raise self.failure(f"worker {pid}'s store held {highest} bytes of {budget}")
+        clients = {
+            key: sum(s.metrics[key] for s in ended if s.metrics)
+            for key in ("batches_from_workers", "batches_rerouted", "worker_batches_refused")
+        }
+        altered = sum(self._store(p.pid)[4] for p in self.serving_peers)
+        self._note(f"clients: {clients}; batches served altered by hostile workers: {altered}")
+        if clients["worker_batches_refused"] > altered:
+            raise self.failure(
+                f"the clients refused {clients['worker_batches_refused']} batches from "
+                f"workers; only {altered} were altered (an honest worker's batch refused)"
+            )
+        if not self.data_plane and clients["batches_from_workers"]:
+            raise self.failure(f"data_plane = producer, yet the clients report {clients}")
+        stats = json.loads(self._status())
+        served = stats["batches_served"] + stats["fillers_served"]
+        self._note(f"producer: {served} batches served, {self.delivered} read")
+        fired = {
+            kind for event in self.events for kind in EXTRA_SERVES if f"fault {kind}@" in event
+        }
+        if not self.data_plane and stats["batches_routed"]:
+            raise self.failure(f"data_plane = producer, yet routes counted: {stats}")
+        if fired:  # other askers took batches too: what the ranks read is a lower bound
+            return
+        if served != self.delivered:
+            raise self.failure(
+                f"the producer counts {served} batches served (fillers included); the "
+                f"ranks read {self.delivered}"
+            )
+        # (A batch two consumers ask for is routed twice but served once.)
+        if stats["batches_routed"] > stats["batches_served"]:
+            raise self.failure(f"more batches routed than served: {stats}")
 
     def cleanup(self) -> None:
         for peer in self.peers:
@@ -695,7 +878,8 @@ class Run:
             if proc.poll() is None:
                 proc.kill()
                 proc.send_signal(signal.SIGCONT)
-        processes = self.workers + [s.proc for segs in self.segments.values() for s in segs]
+        processes = self.workers + self.serving_peers
+        processes += [s.proc for segs in self.segments.values() for s in segs]
         for proc in processes:
             if proc.poll() is None:
                 proc.kill()

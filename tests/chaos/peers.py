@@ -181,6 +181,29 @@ def garbage(rng: random.Random, max_message_bytes: int) -> Callable[[Peer], None
     return body
 
 
+def idle_consumer(
+    rank: int, world_size: int, epoch: int, index: int, hold: float
+) -> Callable[[Peer], None]:
+    """A consumer of rank ``rank`` (beside the real one) that fetches the rank's next
+    batches from ``(epoch, index)`` on and reads the producer's answers, routes on the
+    data plane, for ``hold`` seconds, but never fetches a routed batch from its worker:
+    the workers keep those batches (within their store's budget) while the real rank
+    takes them."""
+
+    def body(peer: Peer) -> None:
+        fields = {"rank": rank, "world_size": world_size, "epoch": epoch, "base": 0}
+        peer.send(wire.encode("fetch", fields | {"index": index + world_size, "count": 8}))
+        end = time.monotonic() + hold
+        kinds: dict[str, int] = {}
+        while peer.alive() and time.monotonic() < end:
+            message = peer.receive(end - time.monotonic())
+            if message is not None:
+                kinds[message.kind] = kinds.get(message.kind, 0) + 1
+        peer.notes.append(f"answers, never fetched from a worker: {kinds}")
+
+    return body
+
+
 def wrong_world_fetch(world_size: int) -> Callable[[Peer], None]:
     """A fetch from a job of another size: it must not lock the real job out."""
 
@@ -328,3 +351,109 @@ def fake_worker(rng: random.Random, behaviour: str, life: float) -> Callable[[Pe
             return  # one window answered wrongly, then it leaves without a word
 
     return body
+
+
+# ------------------------------------------------------------------- serving workers
+
+#: How a hostile serving worker alters the batches it serves (its plans are honest, so
+#: the producer accepts them and routes consumers to it): ``hang`` takes a consumer's
+#: ``get`` and never answers; the others answer at once with a wrong batch.
+SERVING_MODES = ("token", "drop", "repeat", "reorder", "other_batch", "hang")
+
+
+def _spans(batch: Any) -> list[tuple[int, int]]:
+    """(first, end) of each occurrence's tokens in ``batch.tokens``."""
+    lengths = (batch.occurrences["stop"] - batch.occurrences["start"] + 1).astype(np.int64)
+    ends = np.cumsum(lengths)
+    return [(int(end - n), int(end)) for n, end in zip(lengths, ends, strict=True)]
+
+
+def wrong_batch(batch: Any, mode: str, other: Any) -> Any:
+    """``batch`` altered as ``mode`` says: one token changed, its last document dropped,
+    its first repeated, its first two swapped, or ``other`` (the batch served before,
+    another window's or another place's) in its place."""
+    import dataclasses
+
+    if mode == "other_batch" and other is not None:
+        return other
+    spans = _spans(batch)
+    if mode in ("drop", "repeat", "reorder") and len(spans) >= 2:
+        if mode == "drop":
+            order = list(range(len(spans) - 1))
+        elif mode == "repeat":
+            order = [*range(len(spans)), 0]
+        else:
+            order = [1, 0, *range(2, len(spans))]
+
+        def pick(array: np.ndarray) -> np.ndarray:
+            return np.concatenate([array[spans[i][0] : spans[i][1]] for i in order])
+
+        return dataclasses.replace(
+            batch,
+            tokens=pick(batch.tokens),
+            occurrences=batch.occurrences[order],
+            mask=None if batch.mask is None else pick(batch.mask),
+        )
+    tokens = batch.tokens.copy()  # "token", and the shapes above on a one-document batch
+    if tokens.size:
+        tokens[0] = (int(tokens[0]) + 1) % batch.binding.vocab_size
+    return dataclasses.replace(batch, tokens=tokens)
+
+
+def serve(mode: str, status: str, argv: list[str]) -> int:
+    """Run ``streampack worker`` in this process with its store watched: after every
+    change it writes ``ENTRIES NBYTES HIGHEST BUDGET WRONG`` to the file ``status`` (the
+    harness reads which workers hold batches, and checks the store never exceeded its
+    budget). ``mode`` ``honest`` serves as the real worker does; the others are
+    ``SERVING_MODES``."""
+    from pathlib import Path
+
+    from streampack import cli
+    from streampack.service import worker
+    from streampack.service.store import BatchStore
+
+    class WatchedStore(BatchStore):
+        highest = 0
+        wrong = 0  # batches served altered
+        last: Any = None
+
+        def _report(self) -> None:
+            self.highest = max(self.highest, self.nbytes)
+            line = f"{len(self)} {self.nbytes} {self.highest} {self.budget_bytes} {self.wrong}"
+            Path(status).write_text(line + "\n")
+
+        def put(self, key: Any, batch: Any, now: float) -> None:
+            super().put(key, batch, now)
+            self._report()
+
+        def take(self, key: Any, now: float) -> Any:
+            batch = super().take(key, now)
+            if batch is not None and mode != "honest":
+                served, self.last = wrong_batch(batch, mode, self.last), batch
+                self.wrong += 1
+                batch = served
+            self._report()
+            return batch
+
+    class Watched(worker.Worker):
+        def __init__(self, settings: Any) -> None:
+            super().__init__(settings)
+            self.store = WatchedStore(settings.store_bytes, settings.store_seconds)
+
+        def handle_get(self, serving: Any) -> None:
+            if mode == "hang":
+                serving.recv_multipart()  # taken, never answered
+                return
+            super().handle_get(serving)
+
+    worker.Worker = Watched  # type: ignore[misc]
+    return cli.main(["worker", *argv])
+
+
+if __name__ == "__main__":
+    import sys
+
+    # python peers.py MODE STATUS-FILE WORKER-FLAGS...
+    if sys.argv[1] not in ("honest", *SERVING_MODES):
+        sys.exit(f"mode {sys.argv[1]!r}: expected honest or one of {', '.join(SERVING_MODES)}")
+    sys.exit(serve(sys.argv[1], sys.argv[2], sys.argv[3:]))

@@ -9,6 +9,7 @@ pauses and restarts. It appends one line per event to ``--log`` (flushed at once
                                     seconds ``next()`` waited for it
     C {"epoch": e, "index": g}      a checkpoint: ``state_dict()`` after the batch above
     END {"epoch": e, "index": g}    the stream ended; the final cursor
+    M {...}                         then the client's counters (``BatchStream.metrics()``)
     E message                       the client raised: one line, then exit status 3
 
 ``DIGEST`` is ``StreamDigest`` over that one batch (place, filler flag, arrays and
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             _write(log, f"E {type(exc).__name__}: {exc}".replace("\n", " "))
             return 3
         _write(log, "END " + json.dumps(stream.state_dict()))
+        _write(log, "M " + json.dumps(stream.metrics()))
     return 0
 
 

@@ -244,8 +244,32 @@ def test_compose_commands_parse_and_wire_up(compose):
     assert (built.metrics_port, built.metrics_address) == (5557, "0.0.0.0")
     worker_settings = sp_settings.build(sp_settings.WorkerSettings, toml)
     assert (worker_settings.metrics_port, worker_settings.metrics_address) == (5557, "0.0.0.0")
-    for name in ("producer", "worker"):
-        assert services[name]["expose"] == ["5557"], name
+    assert services["producer"]["expose"] == ["5557"]
+    assert services["worker"]["expose"] == ["5557", "5558"]
+
+
+def _serve_port(settings: Any) -> str:
+    """The port a worker's serve_endpoint binds (every interface, a fixed port)."""
+    host, _, port = settings.serve_endpoint.removeprefix("tcp://").rpartition(":")
+    assert host == "0.0.0.0" and port.isdigit(), settings.serve_endpoint
+    return port
+
+
+def test_compose_workers_serve_the_consumers_at_their_own_names(compose):
+    """The data plane: each worker replica binds serve_endpoint and advertises its
+    container's hostname (which the network resolves) at that port; the command the
+    shell runs is the worker's command with --serve-advertise added."""
+    toml = sp_settings.load_toml(DEPLOY / "streampack.toml")
+    assert sp_settings.build(sp_settings.ProducerSettings, toml).data_plane == "workers"
+    port = _serve_port(sp_settings.build(sp_settings.WorkerSettings, toml))
+    worker = compose["services"]["worker"]
+    shell, flag, script, name = worker["entrypoint"]
+    assert (shell, flag, name) == ("/bin/sh", "-c", "streampack")
+    assert script == f'exec streampack "$$@" --serve-advertise "tcp://$$HOSTNAME:{port}"'
+    # What the container runs once compose unescapes $$ and the shell expands it.
+    argv = [*worker["command"], "--serve-advertise", f"tcp://0123456789ab:{port}"]
+    args = _parse_cli(argv)
+    assert args.command == "worker" and args.serve_advertise == f"tcp://0123456789ab:{port}"
 
 
 def test_compose_workers_scale_and_wait_for_a_healthy_producer(compose):
@@ -375,6 +399,30 @@ def test_producer_service_and_workers_are_wired(k8s):
     assert args.connect == f"tcp://{service['metadata']['name']}:5555"
     probe = container["livenessProbe"]["exec"]["command"]
     assert f"tcp://{service['metadata']['name']}:5556" in probe
+
+
+def test_k8s_workers_serve_the_trainers_at_their_pod_ip(k8s):
+    """The data plane: each worker pod binds serve_endpoint on its port ``batches``,
+    advertises its own pod IP (downward API) there, and the headless worker Service
+    names that port for every pod."""
+    config = sp_settings.tomllib.loads(
+        k8s[("ConfigMap", "streampack-config")]["data"]["streampack.toml"]
+    )
+    assert sp_settings.build(sp_settings.ProducerSettings, config).data_plane == "workers"
+    port = _serve_port(sp_settings.build(sp_settings.WorkerSettings, config))
+    (container,) = _containers(k8s[("Deployment", "streampack-worker")])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["batches"] == int(port)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert _parse_cli(container["args"]).serve_advertise == f"tcp://$(POD_IP):{port}"
+    service = k8s[("Service", "streampack-worker")]["spec"]
+    assert service["clusterIP"] == "None"
+    service_ports = {p["name"]: p for p in service["ports"]}
+    assert (service_ports["batches"]["port"], service_ports["batches"]["targetPort"]) == (
+        int(port),
+        "batches",
+    )
 
 
 # ---------------------------------------------------------------- the docker test script
