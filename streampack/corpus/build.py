@@ -170,24 +170,18 @@ def _jsonl_texts(
         except (ValueError, RecursionError, KeyError, TypeError, IndexError):
             text = None
         if not isinstance(text, str):
-            report.skipped += 1
-            if report.skipped <= _WARNINGS:
-                logger.warning(
-                    "%s: no string %r field; line skipped%s",
-                    where,
-                    column,
-                    " (further skips are only counted)" if report.skipped == _WARNINGS else "",
-                )
+            _skip(report, where, f"no string {column!r} field; line skipped")
             continue
         yield text
 
 
 def _skip(report: BuildReport, where: str, why: str) -> None:
-    """Count a skipped input record; log the first few with where they are."""
+    """Count a skipped input record; log the first few with where they are and ``why``
+    (which says what was skipped)."""
     report.skipped += 1
     if report.skipped <= _WARNINGS:
         logger.warning(
-            "%s: %s; skipped%s",
+            "%s: %s%s",
             where,
             why,
             " (further skips are only counted)" if report.skipped == _WARNINGS else "",
@@ -458,7 +452,7 @@ def _supervised_encoder(
         for (where, _), item in zip(records, parsed):
             result = unusable if item is None else next(results)
             if isinstance(result, str):
-                _skip(report, where, result)
+                _skip(report, where, f"{result}; skipped")
                 continue
             ids.append(result[0])
             masks.append(result[1])

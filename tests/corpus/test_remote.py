@@ -212,25 +212,17 @@ def test_the_cli_reads_an_s3_manifest_url_whole(store, tmp_path):
     url = store.upload(local, "cli")
     env = {**os.environ, "AWS_ENDPOINT_URL": store.endpoint}
     command = [sys.executable, "-m", "streampack.cli", "digest", "--capacity", "64"]
-    remote = subprocess.run(
-        [*command, "--corpus", f"{url}/manifest.json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def digest(corpus: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, "--corpus", corpus], env=env, capture_output=True, text=True, timeout=120
+        )
+
+    remote = digest(f"{url}/manifest.json")
     assert remote.returncode == 0, remote.stderr
-    here = subprocess.run(
-        [*command, "--corpus", str(local)], env=env, capture_output=True, text=True, timeout=120
-    )
+    here = digest(str(local))
     assert json.loads(remote.stdout) == json.loads(here.stdout)
-    missing = subprocess.run(
-        [*command, "--corpus", f"{url}/nothing.json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    missing = digest(f"{url}/nothing.json")
     assert missing.returncode == 2
     assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert f"{url}/nothing.json" in missing.stderr and "does not exist" in missing.stderr
